@@ -1,0 +1,1 @@
+"""The simulated NPU: targets, partitioner, compiler and execution provider (zonnx.backend)."""

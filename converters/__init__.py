@@ -1,0 +1,1 @@
+"""Frontends from PyTorch, TensorFlow/Keras and TFLite to clean ONNX (zonnx.converters)."""

@@ -1,0 +1,52 @@
+"""Shared model builders and checks for the tests: small models from ONNX text, pass-and-compare."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx_ir as ir
+
+from zonnx.ir.io import ModelLike, to_ir, to_proto
+from zonnx.passes.base import ZonnxPass, ZonnxPassResult
+from zonnx.verify import check_loadable, compare_outputs, make_inputs, run_ort
+
+#: Bound the issue sets for every pass: max abs error / output range.
+RTOL = 1e-5
+
+
+def parse(text: str, *initializers: tuple[str, np.ndarray]) -> onnx.ModelProto:
+    """Build a model from ONNX text syntax, adding numpy initializers by name."""
+    model = onnx.parser.parse_model(text)
+    for name, arr in initializers:
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(arr), name))
+    onnx.checker.check_model(model)
+    return model
+
+
+def op_types(model: ModelLike) -> list[str]:
+    """Op types of the main graph, in order."""
+    return [n.op_type for n in to_proto(model).graph.node]
+
+
+def run_pass_and_compare(
+    pass_: ZonnxPass,
+    model: ModelLike,
+    *,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    rtol: float = RTOL,
+) -> tuple[ir.Model, ZonnxPassResult]:
+    """Run ``pass_`` on a copy of ``model``; assert the result loads and matches ORT outputs within rtol."""
+    before = to_proto(model)
+    feeds = dict(feeds) if feeds is not None else make_inputs(before, shapes=shapes)
+    expected = run_ort(before, feeds)
+    work = to_ir(onnx.ModelProto.FromString(before.SerializeToString()))
+    result = pass_(work)
+    after = to_proto(result.model)
+    check_loadable(after, full_check=False)
+    for diff in compare_outputs(expected, run_ort(after, feeds)):
+        assert diff.within(rtol), f"{type(pass_).__name__}: output {diff.name} off by {diff.relative:.3g}"
+    return result.model, result

@@ -1,0 +1,1 @@
+"""The zonnx command line: one module per subcommand, thin over the Python API (zonnx.tools)."""

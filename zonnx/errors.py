@@ -1,0 +1,56 @@
+"""Errors zonnx raises for bad input: each message names the file, node, tensor or option and what to do."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ZonnxError",
+    "ModelLoadError",
+    "ModelSaveError",
+    "UnsupportedModelError",
+    "OptionError",
+    "PassFailedError",
+    "VerificationError",
+    "did_you_mean",
+]
+
+import difflib
+from collections.abc import Iterable
+
+
+class ZonnxError(Exception):
+    """Base class: a user-facing problem with a message that says what to do.
+
+    The CLI prints ``str(error)`` on one line and exits with ``exit_code``; it never shows a traceback.
+    """
+
+    exit_code: int = 2
+
+
+class ModelLoadError(ZonnxError):
+    """A model file could not be read (missing, not ONNX, truncated, external data missing)."""
+
+
+class ModelSaveError(ZonnxError):
+    """A model could not be written (unwritable path, would overwrite the input)."""
+
+
+class UnsupportedModelError(ZonnxError):
+    """A model uses an opset or IR version zonnx cannot handle."""
+
+
+class OptionError(ZonnxError):
+    """An option has an unknown name or a value out of range."""
+
+
+class PassFailedError(ZonnxError):
+    """A graph pass could not complete on this model."""
+
+
+class VerificationError(ZonnxError):
+    """A rewritten model does not match the original numerically or does not load."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ' Did you mean X?' for the closest choice, or '' when nothing is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,223 @@
+"""Load any model form with clear errors; save models ORT 1.31 loads, atomically, with external data when large."""
+
+from __future__ import annotations
+
+__all__ = [
+    "MAX_IR_VERSION",
+    "MIN_OPSET",
+    "EXTERNAL_DATA_THRESHOLD",
+    "ModelLike",
+    "load_proto",
+    "load_model",
+    "to_ir",
+    "to_proto",
+    "save_model",
+    "default_opset",
+]
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TypeAlias
+
+import onnx
+import onnx.external_data_helper
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from zonnx.errors import ModelLoadError, ModelSaveError, UnsupportedModelError
+
+logger = logging.getLogger(__name__)
+
+#: onnxruntime 1.31 refuses IR version 14 ("Unsupported model IR version"); every save clamps to this.
+MAX_IR_VERSION = 13
+#: Oldest default-domain opset the opset upgrade can start from.
+MIN_OPSET = 7
+#: Above this many bytes of tensor data a model is saved with external data (protobuf's limit is 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+ModelLike: TypeAlias = "str | os.PathLike[str] | onnx.ModelProto | ir.Model"
+
+
+def default_opset(model: onnx.ModelProto | ir.Model) -> int:
+    """Return the model's default-domain ('' or 'ai.onnx') opset version, 0 when absent."""
+    if isinstance(model, ir.Model):
+        return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 0
+
+
+def _check_versions(model: onnx.ModelProto, where: str) -> None:
+    """Refuse models whose IR or opset version this onnx build cannot represent."""
+    newest_ir = onnx.IR_VERSION
+    if model.ir_version > newest_ir:
+        raise UnsupportedModelError(
+            f"{where}: IR version {model.ir_version} is newer than onnx {onnx.__version__} understands "
+            f"(at most {newest_ir}); re-export it with an older exporter setting."
+        )
+    opset = default_opset(model)
+    newest_opset = onnx.defs.onnx_opset_version()
+    if opset > newest_opset:
+        raise UnsupportedModelError(
+            f"{where}: opset {opset} is newer than supported (at most {newest_opset}); "
+            f"re-export it at opset {newest_opset} or lower."
+        )
+    if 0 < opset < MIN_OPSET:
+        raise UnsupportedModelError(
+            f"{where}: opset {opset} is too old (zonnx handles opset {MIN_OPSET} and newer); "
+            "re-export the model from its source framework at a newer opset."
+        )
+
+
+def _missing_external_files(model: onnx.ModelProto, base_dir: Path) -> list[str]:
+    """List external-data files the model refers to that do not exist next to it."""
+    missing: set[str] = set()
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if not onnx.external_data_helper.uses_external_data(tensor):
+            continue
+        info = onnx.external_data_helper.ExternalDataInfo(tensor)
+        if not (base_dir / info.location).is_file():
+            missing.add(info.location)
+    return sorted(missing)
+
+
+def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
+    """Read an ONNX file; every failure becomes a ModelLoadError naming the file and what to do."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file; check the path.")
+    if p.is_dir():
+        raise ModelLoadError(f"{p}: is a directory, not an .onnx file; give the model file inside it.")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"{p}: cannot be read ({e.strerror}); check its permissions.") from None
+    if not data:
+        raise ModelLoadError(f"{p}: the file is empty; re-export or re-download the model.")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError):
+        raise ModelLoadError(
+            f"{p}: not a valid ONNX model (the protobuf data does not parse: truncated or not ONNX); "
+            "re-export or re-download it."
+        ) from None
+    if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
+        raise ModelLoadError(
+            f"{p}: not an ONNX model (no IR version, graph or opset import found); "
+            "give a file written by an ONNX exporter."
+        )
+    _check_versions(model, str(p))
+    if load_external_data:
+        missing = _missing_external_files(model, p.parent)
+        if missing:
+            raise ModelLoadError(
+                f"{p}: external data file(s) {', '.join(missing)} not found next to the model; "
+                "copy them into the model's folder."
+            )
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+        except (OSError, ValueError, onnx.checker.ValidationError) as e:
+            raise ModelLoadError(f"{p}: its external data cannot be read ({e}).") from None
+    return model
+
+
+def to_ir(model: ModelLike) -> ir.Model:
+    """Return an onnx-ir model for a path, a ModelProto or an ir.Model (the latter is returned as is)."""
+    if isinstance(model, ir.Model):
+        return model
+    proto = model if isinstance(model, onnx.ModelProto) else load_proto(model)
+    try:
+        return ir.serde.deserialize_model(proto)
+    except Exception as e:  # onnx-ir raises several types on malformed graphs
+        raise ModelLoadError(f"model {proto.graph.name!r}: its graph is malformed ({e}).") from None
+
+
+def load_model(path: str | os.PathLike[str]) -> ir.Model:
+    """Load a file into the onnx-ir graph every pass works on."""
+    return to_ir(load_proto(path))
+
+
+def to_proto(model: ModelLike) -> onnx.ModelProto:
+    """Return a ModelProto with an IR version ORT 1.31 loads (<= 13)."""
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    elif isinstance(model, ir.Model):
+        proto = ir.serde.serialize_model(model)
+    else:
+        proto = load_proto(model)
+    if proto.ir_version > MAX_IR_VERSION:
+        proto.ir_version = MAX_IR_VERSION
+    return proto
+
+
+def _tensor_bytes(proto: onnx.ModelProto) -> int:
+    return sum(t.ByteSize() for t in onnx.external_data_helper._get_all_tensors(proto))
+
+
+def save_model(
+    model: ModelLike,
+    path: str | os.PathLike[str],
+    *,
+    input_path: str | os.PathLike[str] | None = None,
+    inplace: bool = False,
+    external_data: bool | None = None,
+) -> Path:
+    """Write ``model`` to ``path`` atomically (temporary folder beside it, then rename).
+
+    The rule: the IR version is clamped to ``MAX_IR_VERSION``; tensor data over
+    ``EXTERNAL_DATA_THRESHOLD`` bytes (or ``external_data=True``) goes to ``<name>.data`` beside the
+    model; ``path`` equal to ``input_path`` is refused unless ``inplace`` is set. Nothing is left at
+    ``path`` when writing fails.
+    """
+    out = Path(path)
+    if (
+        input_path is not None
+        and not inplace
+        and out.exists()
+        and out.resolve() == Path(input_path).resolve()
+    ):
+        raise ModelSaveError(
+            f"{out}: is the input model; choose another output path or pass --inplace to overwrite it."
+        )
+    if out.is_dir():
+        raise ModelSaveError(f"{out}: is a directory; give a file name such as {out / 'model.onnx'}.")
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise ModelSaveError(f"{out}: folder {folder} does not exist; create it first.")
+    if not os.access(folder, os.W_OK):
+        raise ModelSaveError(f"{out}: folder {folder} is not writable; choose another output path.")
+
+    proto = to_proto(model)
+    if external_data is None:
+        external_data = _tensor_bytes(proto) > EXTERNAL_DATA_THRESHOLD
+    data_name = out.name + ".data"
+    try:
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=folder))
+    except OSError as e:
+        raise ModelSaveError(f"{out}: cannot write in {folder} ({e.strerror}).") from None
+    try:
+        tmp_model = tmp_dir / out.name
+        if external_data:
+            onnx.save_model(
+                proto,
+                str(tmp_model),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=data_name,
+                size_threshold=1024,
+            )
+            os.replace(tmp_dir / data_name, folder / data_name)
+        else:
+            tmp_model.write_bytes(proto.SerializeToString())
+        os.replace(tmp_model, out)
+    except (OSError, ValueError) as e:
+        raise ModelSaveError(f"{out}: writing failed ({e}); nothing was written.") from None
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    logger.info("saved %s", out)
+    return out

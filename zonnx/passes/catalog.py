@@ -1,0 +1,96 @@
+"""The explicit registry of passes (name -> class) and the named pipelines built from them."""
+
+from __future__ import annotations
+
+__all__ = ["PASSES", "PIPELINES", "pass_class", "make_pass", "pipeline_names", "resolve_pass_names"]
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+from zonnx.errors import OptionError, did_you_mean
+from zonnx.passes.base import ZonnxPass
+
+#: pass name -> "module:Class". Imported on first use so that loading zonnx stays fast.
+PASSES: dict[str, str] = {
+    "opset-upgrade": "zonnx.passes.common.opset_upgrade:OpsetUpgradePass",
+    "shape-inference": "zonnx.passes.common.shape_inference:ShapeInferencePass",
+    "constant-folding": "zonnx.passes.common.constant_folding:ConstantFoldingPass",
+    "remove-noops": "zonnx.passes.common.remove_noops:RemoveNoOpsPass",
+    "dead-code": "zonnx.passes.common.dead_code:DeadCodeEliminationPass",
+    "cse": "zonnx.passes.common.cse:CommonSubexpressionPass",
+    "onnxslim": "zonnx.passes.common.onnxslim_pass:OnnxSlimPass",
+    "fold-batchnorm": "zonnx.passes.fusion.batchnorm:FoldBatchNormPass",
+    "fuse-layernorm": "zonnx.passes.fusion.layernorm:FuseLayerNormPass",
+    "fuse-gelu": "zonnx.passes.fusion.gelu:FuseGeluPass",
+    "canonicalize-gemm": "zonnx.passes.fusion.gemm:CanonicalizeGemmPass",
+    "cancel-transpose-reshape": "zonnx.passes.fusion.transpose_reshape:CancelTransposeReshapePass",
+}
+
+#: Named pipelines. ``clean`` is what converters end with; ``pre_quant`` is ``zonnx optimize``'s default.
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "clean": (
+        "opset-upgrade",
+        "remove-noops",
+        "constant-folding",
+        "dead-code",
+        "cse",
+        "shape-inference",
+    ),
+    "pre_quant": (
+        "opset-upgrade",
+        "remove-noops",
+        "constant-folding",
+        "fold-batchnorm",
+        "fuse-layernorm",
+        "fuse-gelu",
+        "canonicalize-gemm",
+        "cancel-transpose-reshape",
+        "cse",
+        "dead-code",
+        "shape-inference",
+    ),
+}
+
+#: Passes that take the target opset as an option.
+_OPSET_AWARE = {"opset-upgrade", "fuse-layernorm", "fuse-gelu"}
+
+
+def pass_class(name: str) -> type[ZonnxPass]:
+    """Return the class registered under ``name``; an unknown name lists the known ones."""
+    if name not in PASSES:
+        raise OptionError(
+            f"unknown pass {name!r}.{did_you_mean(name, PASSES)} Known passes: {', '.join(PASSES)}."
+        )
+    module_name, _, cls_name = PASSES[name].partition(":")
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+def make_pass(name: str, **options: Any) -> ZonnxPass:
+    """Instantiate a pass; ``target_opset`` is passed only to the passes that use it."""
+    cls = pass_class(name)
+    if name not in _OPSET_AWARE:
+        options.pop("target_opset", None)
+    return cls(**options)
+
+
+def pipeline_names() -> list[str]:
+    return list(PIPELINES)
+
+
+def resolve_pass_names(
+    pipeline: str = "pre_quant", passes: Sequence[str] | None = None, skip: Sequence[str] = ()
+) -> list[str]:
+    """The pass list: ``passes`` if given (names or a pipeline name), else the pipeline, minus ``skip``."""
+    if pipeline not in PIPELINES:
+        raise OptionError(
+            f"unknown pipeline {pipeline!r}.{did_you_mean(pipeline, PIPELINES)} "
+            f"Known pipelines: {', '.join(PIPELINES)}."
+        )
+    names: list[str] = []
+    for item in passes if passes else PIPELINES[pipeline]:
+        names.extend(PIPELINES[item] if item in PIPELINES else [item])
+    for name in [*names, *skip]:
+        if name not in PASSES:
+            pass_class(name)  # raises with a suggestion and the known names
+    return [n for n in names if n not in set(skip)]

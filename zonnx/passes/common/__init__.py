@@ -1,0 +1,1 @@
+"""General graph passes: opset upgrade, shape inference, folding, clean-up."""

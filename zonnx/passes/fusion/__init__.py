@@ -1,0 +1,1 @@
+"""Fusion rules: BatchNorm folding, LayerNorm/GELU fusion, Gemm canonicalization, Transpose/Reshape cancellation."""

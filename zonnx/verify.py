@@ -1,0 +1,178 @@
+"""Numeric checks: generate inputs for a model, run it in ORT, compare outputs against a reference."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_DIM",
+    "OutputDiff",
+    "input_specs",
+    "make_inputs",
+    "ort_session",
+    "run_ort",
+    "compare_outputs",
+    "check_loadable",
+]
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from zonnx.errors import OptionError, VerificationError
+from zonnx.ir.io import ModelLike, to_proto
+
+#: Size given to a symbolic dimension that is not the leading (batch) one.
+DEFAULT_DIM = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """A graph input with concrete shape (symbolic dims resolved) and numpy dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    symbolic: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputDiff:
+    """How one output differs from its reference: errors are absolute and relative to the reference's range."""
+
+    name: str
+    max_abs: float
+    ref_range: float
+    cosine: float
+
+    @property
+    def relative(self) -> float:
+        return self.max_abs / self.ref_range if self.ref_range > 0 else self.max_abs
+
+    def within(self, rtol: float) -> bool:
+        return self.relative <= rtol
+
+
+def input_specs(
+    model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> list[InputSpec]:
+    """Resolve each real graph input's shape: given shapes first, then batch=1 and other symbols=DEFAULT_DIM."""
+    shapes = dict(shapes or {})
+    inits = {t.name for t in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise OptionError(f"input {vi.name!r}: only tensor inputs can be generated; pass real inputs.")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if vi.name in shapes:
+            shape = tuple(int(d) for d in shapes.pop(vi.name))
+            specs.append(InputSpec(vi.name, shape, np.dtype(dtype)))
+            continue
+        dims, symbolic = [], []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(d.dim_value)
+            else:
+                dims.append(1 if i == 0 else DEFAULT_DIM)
+                symbolic.append(f"{d.dim_param or '?'}={dims[-1]}")
+        specs.append(InputSpec(vi.name, tuple(dims), np.dtype(dtype), tuple(symbolic)))
+    if shapes:
+        known = [s.name for s in specs]
+        raise OptionError(f"input shape given for {sorted(shapes)} but the model's inputs are {known}.")
+    return specs
+
+
+def make_inputs(
+    model: ModelLike, *, seed: int = 0, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> dict[str, np.ndarray]:
+    """Generate deterministic inputs: standard normal floats, small non-negative integers, random bools."""
+    proto = to_proto(model)
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in input_specs(proto, shapes):
+        if spec.dtype.kind == "f":
+            feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+        elif spec.dtype.kind in "iu":
+            feeds[spec.name] = rng.integers(0, 10, spec.shape).astype(spec.dtype)
+        elif spec.dtype.kind == "b":
+            feeds[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
+        else:
+            raise OptionError(f"input {spec.name!r}: cannot generate dtype {spec.dtype}; pass real inputs.")
+    return feeds
+
+
+def ort_session(model: ModelLike, *, optimize: bool = False) -> ort.InferenceSession:
+    """Create a CPU session; graph optimizations are off by default so the graph runs as written."""
+    proto = to_proto(model)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own exception classes without a common public base
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise VerificationError(f"onnxruntime cannot load the model: {first}") from None
+
+
+def run_ort(model: ModelLike, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the model once and return outputs by name."""
+    sess = ort_session(model)
+    names = [o.name for o in sess.get_outputs()]
+    try:
+        outs = sess.run(names, dict(feeds))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0]
+        raise VerificationError(f"onnxruntime failed to run the model: {first}") from None
+    return dict(zip(names, outs, strict=True))
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    na, nb = np.linalg.norm(a64), np.linalg.norm(b64)
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(np.dot(a64, b64) / (na * nb))
+
+
+def compare_outputs(
+    reference: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray]
+) -> list[OutputDiff]:
+    """Compare outputs by name; a missing output or a shape change is a VerificationError."""
+    diffs = []
+    for name, ref in reference.items():
+        if name not in actual:
+            raise VerificationError(f"output {name!r} is missing after the rewrite.")
+        got = actual[name]
+        if ref.shape != got.shape:
+            raise VerificationError(f"output {name!r}: shape changed from {ref.shape} to {got.shape}.")
+        if ref.size == 0:
+            diffs.append(OutputDiff(name, 0.0, 0.0, 1.0))
+            continue
+        r64, g64 = ref.astype(np.float64), got.astype(np.float64)
+        finite = np.isfinite(r64)
+        if not np.array_equal(finite, np.isfinite(g64)):
+            raise VerificationError(f"output {name!r}: NaN/Inf positions differ after the rewrite.")
+        err = float(np.max(np.abs(r64[finite] - g64[finite]))) if finite.any() else 0.0
+        rng = float(r64[finite].max() - r64[finite].min()) if finite.any() else 0.0
+        diffs.append(OutputDiff(name, err, rng, _cosine(np.where(finite, ref, 0), np.where(finite, got, 0))))
+    return diffs
+
+
+def check_loadable(model: ModelLike, *, full_check: bool = True) -> None:
+    """Raise VerificationError unless onnx.checker accepts the model and ORT can create a session."""
+    proto = to_proto(model)
+    try:
+        onnx.checker.check_model(proto, full_check=full_check)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise VerificationError(f"onnx.checker rejects the model: {first}") from None
+    ort_session(proto)

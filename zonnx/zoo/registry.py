@@ -1,0 +1,121 @@
+"""Zoo entries by name; built models are cached under ``$ZONNX_CACHE`` (default ~/.cache/zonnx)."""
+
+from __future__ import annotations
+
+__all__ = ["ZooEntry", "ZOO", "cache_dir", "names", "get", "sample_inputs"]
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from zonnx.errors import OptionError, did_you_mean
+from zonnx.zoo.ppocr import PPOCR_FILES, ppocr_path
+
+#: Bump when a builder changes so stale cached files are rebuilt instead of reused.
+ZOO_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooEntry:
+    """A zoo model: either built by ``builder`` ("module:function" writing an .onnx to the given path)
+    or shipped in a wheel (``builder`` is None)."""
+
+    name: str
+    description: str
+    builder: str | None
+    inputs: str | None = None  # "module:function(n, seed) -> list[feeds]" for real sample inputs
+
+
+ZOO: dict[str, ZooEntry] = {
+    e.name: e
+    for e in [
+        ZooEntry(
+            "digits_cnn",
+            "small CNN trained at first use on scikit-learn's 8x8 digits (test accuracy in metadata)",
+            "zonnx.zoo.digits:build_digits_cnn",
+            "zonnx.zoo.digits:digits_inputs",
+        ),
+        ZooEntry(
+            "resnet18",
+            "ResNet-18-style CNN (torch, random weights, BN kept), 1x3x224x224",
+            "zonnx.zoo.torch_models:build_resnet18",
+            "zonnx.zoo.torch_models:image_inputs",
+        ),
+        ZooEntry(
+            "mobilenetv2",
+            "MobileNetV2-style CNN (torch, random weights, BN kept), 1x3x224x224",
+            "zonnx.zoo.torch_models:build_mobilenetv2",
+            "zonnx.zoo.torch_models:image_inputs",
+        ),
+        ZooEntry(
+            "transformer",
+            "small transformer encoder (attention, decomposed LayerNorm and GELU), opset 13",
+            "zonnx.zoo.torch_models:build_transformer",
+            "zonnx.zoo.torch_models:token_inputs",
+        ),
+        ZooEntry(
+            "ppocr_det",
+            "PP-OCRv4 text detection (rapidocr-onnxruntime wheel)",
+            None,
+            "zonnx.zoo.text_images:det_inputs",
+        ),
+        ZooEntry(
+            "ppocr_rec",
+            "PP-OCRv4 text recognition (rapidocr-onnxruntime wheel)",
+            None,
+            "zonnx.zoo.text_images:rec_inputs",
+        ),
+        ZooEntry(
+            "ppocr_cls",
+            "PP-OCR mobile v2.0 direction classifier (rapidocr-onnxruntime wheel)",
+            None,
+            "zonnx.zoo.text_images:cls_inputs",
+        ),
+    ]
+}
+
+
+def cache_dir() -> Path:
+    """Folder for built zoo models: ``$ZONNX_CACHE`` or ``~/.cache/zonnx``, versioned by ZOO_VERSION."""
+    root = Path(os.environ.get("ZONNX_CACHE") or Path.home() / ".cache" / "zonnx")
+    return root / f"zoo-v{ZOO_VERSION}"
+
+
+def names() -> list[str]:
+    return list(ZOO)
+
+
+def _entry(name: str) -> ZooEntry:
+    if name not in ZOO:
+        raise OptionError(f"unknown zoo model {name!r}.{did_you_mean(name, ZOO)} Known: {', '.join(ZOO)}.")
+    return ZOO[name]
+
+
+def _resolve(ref: str) -> Callable:
+    module, _, func = ref.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def get(name: str, *, rebuild: bool = False) -> Path:
+    """Return the path of zoo model ``name``, building it into the cache first when missing."""
+    entry = _entry(name)
+    if entry.builder is None:
+        assert name in PPOCR_FILES
+        return ppocr_path(name)
+    path = cache_dir() / f"{name}.onnx"
+    if rebuild or not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _resolve(entry.builder)(path)
+    return path
+
+
+def sample_inputs(name: str, n: int = 8, *, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Return ``n`` realistic input feeds for zoo model ``name`` (real digits, rendered text, images)."""
+    entry = _entry(name)
+    if entry.inputs is None:
+        raise OptionError(f"zoo model {name!r} has no sample inputs.")
+    return _resolve(entry.inputs)(n, seed)
