@@ -31,6 +31,7 @@ PASSES: dict[str, str] = {
 PIPELINES: dict[str, tuple[str, ...]] = {
     "clean": (
         "opset-upgrade",
+        "shape-inference",
         "remove-noops",
         "constant-folding",
         "dead-code",
@@ -39,6 +40,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
     ),
     "pre_quant": (
         "opset-upgrade",
+        "shape-inference",
         "remove-noops",
         "constant-folding",
         "fold-batchnorm",
@@ -89,7 +91,7 @@ def resolve_pass_names(
         )
     names: list[str] = []
     for item in passes if passes else PIPELINES[pipeline]:
-        names.extend(PIPELINES[item] if item in PIPELINES else [item])
+        names.extend(PIPELINES.get(item, (item,)))
     for name in [*names, *skip]:
         if name not in PASSES:
             pass_class(name)  # raises with a suggestion and the known names

@@ -59,7 +59,7 @@ class PassRecord:
 
 @dataclasses.dataclass
 class PipelineReport:
-    """Per-pass records, rounds run, and the final numeric comparison if verification was on."""
+    """One record per pass position, rounds run, and the final numeric comparison if verification was on."""
 
     records: list[PassRecord]
     rounds: int
@@ -135,14 +135,13 @@ class Pipeline:
         """Run the passes on ``model`` in place and return the report."""
         start = time.perf_counter()
         ref = self._reference(model) if self.verify else None
-        records = {p.name: PassRecord(p.name) for p in self.passes}
+        records = [PassRecord(p.name) for p in self.passes]
         nodes_before = len(_nodes_by_id(model))
         final_diffs = None
         rounds = 0
         for rounds in range(1, self.max_rounds + 1):
             changed = False
-            for p in self.passes:
-                rec = records[p.name]
+            for p, rec in zip(self.passes, records, strict=True):
                 before = _nodes_by_id(model)
                 if self.progress:
                     self.progress(p.name)
@@ -172,7 +171,7 @@ class Pipeline:
         if self.verify and ref is not None and final_diffs is None:
             final_diffs = compare_outputs(ref[1], run_ort(ir.serde.serialize_model(model), ref[0]))
         return PipelineReport(
-            records=list(records.values()),
+            records=records,
             rounds=rounds,
             seconds=time.perf_counter() - start,
             nodes_before=nodes_before,

@@ -1,0 +1,71 @@
+"""The ``zonnx`` console entry point: registers one subcommand per module and turns ZonnxError into one line."""
+
+from __future__ import annotations
+
+__all__ = ["app", "main"]
+
+import logging
+import sys
+
+import typer
+from zonnx.tools import build_cmd, inspect_cmd, optimize_cmd
+from zonnx.tools.console import err_console
+
+from zonnx import __version__
+from zonnx.errors import ZonnxError
+
+app = typer.Typer(
+    name="zonnx",
+    help="ONNX-centric NPU deployment toolchain: inspect, optimize, build.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command("inspect")(inspect_cmd.inspect)
+app.command("optimize")(optimize_cmd.optimize)
+app.command("build")(build_cmd.build)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"zonnx {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what each step does."),
+) -> None:
+    """ONNX-centric NPU deployment toolchain."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+
+
+def main() -> None:
+    """Run the CLI; a ZonnxError prints one line 'error: ...' and exits with its code, never a traceback."""
+    try:
+        app(standalone_mode=False)
+    except ZonnxError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except Exception as e:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The end-to-end build: load (or build) a model, optimize, inspect, evaluate, and write a JSON report.
+
+Stages run in order and each adds a section to ``report.json``; later parts of zonnx (quantize,
+partition, compile, run) add their stages here.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BuildOptions", "BuildReport", "run_build"]
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from zonnx import zoo
+from zonnx.errors import ModelSaveError
+from zonnx.inspection import inspect_model, render_summary, summary_to_dict
+from zonnx.ir.io import load_proto, save_model
+from zonnx.optimization import OptimizeOptions, optimize_with_report
+from zonnx.passes.pipeline import VerifyOptions
+from zonnx.passes.report import pipeline_report_dict, render_pipeline_report
+from zonnx.verify import compare_outputs, run_ort
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    """Options of ``zonnx build``.
+
+    Attributes:
+        model: an .onnx path or a zoo model name (default "digits_cnn", trained at first use).
+        out_dir: folder for outputs (default "out").
+        opset: opset the optimizer upgrades to (default 17).
+        verify: compare outputs after every pass (default True).
+    """
+
+    model: str = "digits_cnn"
+    out_dir: Path = Path("out")
+    opset: int = 17
+    verify: bool = True
+
+
+@dataclasses.dataclass
+class BuildReport:
+    """What each stage produced, in order; written as report.json."""
+
+    model: str
+    stages: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"model": self.model, "stages": self.stages}, indent=2, default=str)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _resolve_model(name: str, console: Console) -> Path:
+    if name in zoo.names():
+        with console.status(f"preparing zoo model {name} (built once, then cached)"):
+            return zoo.get(name)
+    return Path(name)
+
+
+def _evaluate(name: str, original: Path, optimized: Path) -> dict[str, Any]:
+    """Digits: top-1 accuracy before and after; other zoo models: output agreement on real samples."""
+    if name == "digits_cnn":
+        from zonnx.zoo.digits import digits_data, evaluate_top1
+
+        x, y = digits_data("test")
+        return {
+            "task": "digits test top-1",
+            "samples": len(y),
+            "float_top1": evaluate_top1(original, x, y),
+            "optimized_top1": evaluate_top1(optimized, x, y),
+        }
+    if name not in zoo.names():
+        return {}
+    worst = 0.0
+    samples = zoo.sample_inputs(name, 4)
+    for feeds in samples:
+        for d in compare_outputs(run_ort(original, feeds), run_ort(optimized, feeds)):
+            worst = max(worst, d.relative)
+    return {"task": "output agreement on sample inputs", "samples": len(samples), "max_relative_error": worst}
+
+
+def run_build(options: BuildOptions, console: Console) -> BuildReport:
+    """Run every stage and print each one's result; raises ZonnxError on bad input."""
+    out_dir = options.out_dir
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelSaveError(f"{out_dir}: cannot create the output folder ({e.strerror}).") from None
+    src = _resolve_model(options.model, console)
+    report = BuildReport(model=str(src))
+    t0 = time.perf_counter()
+    proto = load_proto(src)
+    report.stages["load"] = {"path": str(src), "seconds": round(time.perf_counter() - t0, 3)}
+    console.rule(f"[bold]zonnx build[/] {options.model}")
+
+    opt = OptimizeOptions(target_opset=options.opset, verify=VerifyOptions() if options.verify else None)
+    with console.status("optimizing"):
+        result = optimize_with_report(proto, opt)
+    optimized_path = out_dir / f"{src.stem}.opt.onnx"
+    save_model(result.model, optimized_path, input_path=src)
+    render_pipeline_report(result.report, console)
+    report.stages["optimize"] = {"output": str(optimized_path), **pipeline_report_dict(result.report)}
+
+    summary = inspect_model(optimized_path)
+    render_summary(summary, console)
+    report.stages["inspect"] = summary_to_dict(summary)
+
+    evaluation = _evaluate(options.model, src, optimized_path)
+    if evaluation:
+        report.stages["evaluate"] = evaluation
+        console.print(
+            "evaluate: "
+            + ", ".join(
+                f"{k}={v:.4f}" if isinstance(v, float | np.floating) else f"{k}={v}"
+                for k, v in evaluation.items()
+            ),
+            markup=False,
+        )
+    report_path = out_dir / "report.json"
+    _write_text_atomic(report_path, report.to_json())
+    console.print(f"wrote {optimized_path} and {report_path}", markup=False)
+    return report
