@@ -1,0 +1,1 @@
+"""Quantization: annotate -> observe (streaming calibration) -> scheme -> refine (target rules) -> write."""

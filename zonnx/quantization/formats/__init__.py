@@ -1,0 +1,1 @@
+"""Writers: the only code that inserts quantization nodes (QDQ, QOperator, FixNeuron, VitisQDQ)."""

@@ -1,0 +1,1 @@
+"""NPU constraint refinement passes driven by a target description."""
