@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -50,3 +53,23 @@ def run_pass_and_compare(
     for diff in compare_outputs(expected, run_ort(after, feeds)):
         assert diff.within(rtol), f"{type(pass_).__name__}: output {diff.name} off by {diff.relative:.3g}"
     return result.model, result
+
+
+def run_cli(*args: str, check: bool = False, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``zonnx ARGS`` in a subprocess exactly as a user would (console entry point of this venv)."""
+    exe = Path(sys.executable).with_name("zonnx")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "zonnx.tools.main"]
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"zonnx {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """The CLI failed with exit code 2 and one 'error:' line that contains every fragment; no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])

@@ -71,6 +71,16 @@ def input_specs(
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if vi.name in shapes:
             shape = tuple(int(d) for d in shapes.pop(vi.name))
+            declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
+            if tt.HasField("shape") and (
+                len(shape) != len(declared) or any(d and d != s for d, s in zip(declared, shape, strict=True))
+            ):
+                wanted = ",".join(str(d) if d else "?" for d in declared)
+                given = ",".join(map(str, shape))
+                raise OptionError(
+                    f"input shape {vi.name}:{given} does not fit the model's input {vi.name!r} [{wanted}]; "
+                    "give one size per dimension and keep the fixed ones."
+                )
             specs.append(InputSpec(vi.name, shape, np.dtype(dtype)))
             continue
         dims, symbolic = [], []

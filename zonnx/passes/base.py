@@ -40,8 +40,10 @@ class Changes:
         return sum(self.counts.values())
 
     def merge(self, other: Changes) -> None:
+        """Add another run's counts; a miss already recorded (e.g. in an earlier round) is kept once."""
         self.counts.update(other.counts)
-        self.misses.extend(other.misses)
+        seen = set(self.misses)
+        self.misses.extend(m for m in other.misses if m not in seen and not seen.add(m))
 
 
 @dataclasses.dataclass
