@@ -1,0 +1,423 @@
+"""Benchmark runner: an explicit registry of benchmarks, timing/memory helpers, table/markdown/JSON output.
+
+Run ``python -m bench.runner [NAMES...] [--quick] [--json out.json] [--markdown]``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HIGHER",
+    "LOWER",
+    "Measurement",
+    "BenchContext",
+    "Benchmark",
+    "BenchResult",
+    "TimingStats",
+    "MemoryStats",
+    "REGISTRY",
+    "time_call",
+    "time_pair",
+    "peak_rss",
+    "traced_peak",
+    "run_benchmarks",
+    "render_table",
+    "to_markdown",
+    "to_json",
+    "main",
+]
+
+import argparse
+import dataclasses
+import importlib
+import json
+import logging
+import multiprocessing
+import resource
+import statistics
+import sys
+import time
+import traceback
+import tracemalloc
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from zonnx.errors import OptionError, did_you_mean
+
+logger = logging.getLogger(__name__)
+
+HIGHER = "higher is better"
+LOWER = "lower is better"
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One figure of ours against a peer measured in the same run.
+
+    ``ratio`` is always ours / peer. ``target`` applies to the ratio when there is a peer, otherwise to
+    the value: with ``direction`` HIGHER the figure passes when it is >= target, with LOWER when <= target.
+    Without a target there is no verdict (``passed`` is None).
+    """
+
+    name: str
+    value: float
+    unit: str
+    direction: str = HIGHER
+    peer: str | None = None
+    peer_value: float | None = None
+    target: float | None = None
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.direction not in (HIGHER, LOWER):
+            raise OptionError(f"measurement {self.name!r}: direction must be {HIGHER!r} or {LOWER!r}.")
+        if (self.peer is None) != (self.peer_value is None):
+            raise OptionError(f"measurement {self.name!r}: give both peer and peer_value, or neither.")
+
+    @property
+    def ratio(self) -> float | None:
+        if self.peer_value is None:
+            return None
+        if self.peer_value == 0:
+            return float("inf") if self.value > 0 else float("nan")
+        return self.value / self.peer_value
+
+    @property
+    def compared(self) -> float:
+        """The number the target is checked against: the ratio with a peer, else the value."""
+        ratio = self.ratio
+        return self.value if ratio is None else ratio
+
+    @property
+    def passed(self) -> bool | None:
+        if self.target is None:
+            return None
+        if self.direction == HIGHER:
+            return self.compared >= self.target
+        return self.compared <= self.target
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(ratio=self.ratio, passed=self.passed)
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingStats:
+    """Wall-clock seconds per call over ``repeat`` timed calls (after the warmup calls)."""
+
+    median: float
+    min: float
+    mean: float
+    repeat: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStats:
+    """Peak memory of a call in bytes: ``peak`` for the whole process, ``delta`` above the peak before it."""
+
+    peak: int
+    baseline: int
+
+    @property
+    def delta(self) -> int:
+        return max(0, self.peak - self.baseline)
+
+
+def time_call(fn: Callable[[], object], repeat: int = 10, warmup: int = 2) -> TimingStats:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeat`` times timed with perf_counter."""
+    if repeat < 1 or warmup < 0:
+        raise OptionError(f"time_call: repeat must be >= 1 and warmup >= 0 (got {repeat}, {warmup}).")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return TimingStats(statistics.median(times), min(times), statistics.fmean(times), repeat)
+
+
+def time_pair(
+    ours: Callable[[], object], peer: Callable[[], object], repeat: int = 10, warmup: int = 2
+) -> tuple[TimingStats, TimingStats]:
+    """Time two functions alternately (ours, peer, ours, ...) so a change in machine load hits both alike."""
+    if repeat < 1 or warmup < 0:
+        raise OptionError(f"time_pair: repeat must be >= 1 and warmup >= 0 (got {repeat}, {warmup}).")
+    for _ in range(warmup):
+        ours()
+        peer()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for fn, acc in ((ours, times[0]), (peer, times[1])):
+            start = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - start)
+    a, b = (TimingStats(statistics.median(t), min(t), statistics.fmean(t), repeat) for t in times)
+    return a, b
+
+
+def _status_kib(field: str) -> int | None:
+    """A ``Vm*`` figure of /proc/self/status in KiB (None off Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _rss_child(fn: Callable[..., object], args: tuple[Any, ...], queue: Any) -> None:
+    # ru_maxrss survives fork+exec (a spawn child starts with its parent's peak), so use VmHWM, the peak
+    # of this process's own memory, reset to the current RSS just before the call where the kernel allows.
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        before = _status_kib("VmRSS")
+    except OSError:
+        before = _status_kib("VmHWM")
+    if before is None:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    try:
+        fn(*args)
+    except BaseException as e:  # report any failure back to the parent instead of hanging it
+        queue.put(("error", f"{type(e).__name__}: {e}"))
+        return
+    after = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put(("ok", (after * 1024, before * 1024)))
+
+
+def peak_rss(fn: Callable[..., object], *args: Any, timeout: float = 600.0) -> MemoryStats:
+    """Run ``fn(*args)`` in a fresh 'spawn' child and return its peak resident set size.
+
+    ``fn`` must be importable (a module-level function). The baseline is the child's resident size just
+    before the call (interpreter and imports), so ``delta`` is what the call itself added at its peak.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_rss_child, args=(fn, args, queue))
+    proc.start()
+    try:
+        status, payload = queue.get(timeout=timeout)
+    finally:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+    if status != "ok":
+        raise RuntimeError(f"peak_rss: {getattr(fn, '__name__', fn)} failed in the child: {payload}")
+    peak, baseline = payload
+    return MemoryStats(peak=peak, baseline=baseline)
+
+
+def traced_peak(fn: Callable[..., object], *args: Any) -> MemoryStats:
+    """Peak bytes allocated through Python's allocator (numpy arrays included) while ``fn`` runs.
+
+    In-process and cheap, but blind to native allocations (ORT, torch): use peak_rss for those.
+    """
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+        fn(*args)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return MemoryStats(peak=peak, baseline=base)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchContext:
+    """What every benchmark gets: timed repeats, untimed warmups, and quick mode (smaller, for smoke runs)."""
+
+    repeat: int = 10
+    warmup: int = 2
+    quick: bool = False
+
+    def time(self, fn: Callable[[], object]) -> TimingStats:
+        return time_call(fn, self.repeat, self.warmup)
+
+    def time_pair(
+        self, ours: Callable[[], object], peer: Callable[[], object]
+    ) -> tuple[TimingStats, TimingStats]:
+        return time_pair(ours, peer, self.repeat, self.warmup)
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """A registered benchmark: ``target`` is a callable or a lazy "module:function" reference."""
+
+    name: str
+    target: str | Callable[[BenchContext], list[Measurement]]
+    description: str = ""
+
+    def load(self) -> Callable[[BenchContext], list[Measurement]]:
+        if callable(self.target):
+            return self.target
+        module, _, func = self.target.partition(":")
+        return getattr(importlib.import_module(module), func)
+
+
+@dataclasses.dataclass
+class BenchResult:
+    """A benchmark's measurements, wall time, and the error text when it raised."""
+
+    name: str
+    measurements: list[Measurement]
+    seconds: float
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return any(m.passed is False for m in self.measurements)
+
+
+#: Every benchmark, by name. Add new ones here (lazy references keep ``--help`` fast).
+REGISTRY: dict[str, Benchmark] = {
+    b.name: b
+    for b in [
+        Benchmark(
+            "zoo_ort",
+            "bench.bench_zoo_ort:bench_zoo_ort",
+            "ORT float throughput of the CNN zoo models, graph optimizations off vs ORT default",
+        ),
+    ]
+}
+
+
+def run_benchmarks(
+    names: Sequence[str] | None,
+    ctx: BenchContext,
+    registry: Mapping[str, Benchmark] = REGISTRY,
+) -> list[BenchResult]:
+    """Run the named benchmarks (all when ``names`` is empty), catching each one's failure."""
+    names = list(names or []) or list(registry)
+    for name in names:
+        if name not in registry:
+            raise OptionError(
+                f"unknown benchmark {name!r}.{did_you_mean(name, registry)} Known: {', '.join(registry)}."
+            )
+    results = []
+    for name in names:
+        start = time.perf_counter()
+        try:
+            measurements = list(registry[name].load()(ctx))
+            error = None
+        except Exception as e:
+            logger.debug("benchmark %s failed:\n%s", name, traceback.format_exc())
+            measurements, error = [], f"{type(e).__name__}: {e}"
+        results.append(BenchResult(name, measurements, time.perf_counter() - start, error))
+    return results
+
+
+def _num(v: float | None) -> str:
+    """Four significant digits, without exponents for everyday magnitudes (12,345 not 1.234e+04)."""
+    if v is None:
+        return "-"
+    if 1e4 <= abs(v) < 1e15:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
+
+
+def _rows(results: Sequence[BenchResult]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        if r.error:
+            rows.append([r.name, "ERROR", r.error, "-", "-", "-", "-"])
+        for m in r.measurements:
+            peer = f"{m.peer}: {_num(m.peer_value)} {m.unit}" if m.peer is not None else "-"
+            ratio = f"{_num(m.ratio)}x" if m.ratio is not None else "-"
+            sign = ">=" if m.direction == HIGHER else "<="
+            target = f"{sign} {_num(m.target)}" if m.target is not None else "-"
+            verdict = {None: "-", True: "pass", False: "FAIL"}[m.passed]
+            rows.append([r.name, m.name, f"{_num(m.value)} {m.unit}", peer, ratio, target, verdict])
+    return rows
+
+
+_HEADERS = ["benchmark", "measurement", "ours", "peer", "ratio (ours/peer)", "target", "verdict"]
+
+
+def render_table(results: Sequence[BenchResult]) -> Table:
+    """A rich table with one row per measurement (ratios, targets and verdicts)."""
+    table = Table(title="zonnx benchmarks")
+    for h in _HEADERS:
+        table.add_column(h, justify="right" if h in ("ours", "ratio (ours/peer)") else "left")
+    style = {"pass": "green", "FAIL": "bold red", "ERROR": "bold red"}
+    for row in _rows(results):
+        key = row[6] if row[1] != "ERROR" else "ERROR"
+        table.add_row(*row, style=style.get(key))
+    return table
+
+
+def to_markdown(results: Sequence[BenchResult]) -> str:
+    """The same table as GitHub markdown, to paste into docs/benchmarks.md."""
+    lines = ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
+    for row in _rows(results):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(results: Sequence[BenchResult], ctx: BenchContext) -> dict[str, Any]:
+    """Results as plain data: context, then per benchmark its seconds, error and measurements."""
+    return {
+        "context": dataclasses.asdict(ctx),
+        "python": sys.version.split()[0],
+        "benchmarks": [
+            {
+                "name": r.name,
+                "seconds": r.seconds,
+                "error": r.error,
+                "measurements": [m.as_dict() for m in r.measurements],
+            }
+            for r in results
+        ],
+    }
+
+
+def main(argv: Sequence[str] | None = None, registry: Mapping[str, Benchmark] = REGISTRY) -> int:
+    """CLI entry: exit 1 when a benchmark raised (or, with --strict, missed a target), else 0."""
+    parser = argparse.ArgumentParser(prog="python -m bench.runner", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (smoke run)")
+    parser.add_argument("--repeat", type=int, default=None, help="timed repeats (default 10, quick 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed warmup calls (default 2, quick 1)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table instead of rich")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a measurement misses its target")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = parser.parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # piped output: do not squeeze the table into 80 columns
+    if args.list:
+        for b in registry.values():
+            console.print(f"{b.name}: {b.description}")
+        return 0
+    ctx = BenchContext(
+        repeat=args.repeat or (3 if args.quick else 10),
+        warmup=args.warmup if args.warmup is not None else (1 if args.quick else 2),
+        quick=args.quick,
+    )
+    try:
+        results = run_benchmarks(args.names, ctx, registry)
+    except OptionError as e:
+        console.print(f"error: {e}", style="red", markup=False, highlight=False)
+        return 2
+    if args.markdown:
+        print(to_markdown(results), end="")
+    else:
+        console.print(render_table(results))
+    if args.json:
+        args.json.write_text(json.dumps(to_json(results, ctx), indent=2) + "\n")
+    if any(r.error for r in results):
+        return 1
+    return 1 if args.strict and any(r.failed for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
