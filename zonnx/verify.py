@@ -120,7 +120,7 @@ def ort_session(model: ModelLike, *, optimize: bool = False) -> ort.InferenceSes
     """Create a CPU session; graph optimizations are off by default so the graph runs as written."""
     proto = to_proto(model)
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # failures reach the user as VerificationError, not log lines
     opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
