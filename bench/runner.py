@@ -286,6 +286,11 @@ REGISTRY: dict[str, Benchmark] = {
             "bench.bench_zoo_ort:bench_zoo_ort",
             "ORT float throughput of the CNN zoo models, graph optimizations off vs ORT default",
         ),
+        Benchmark(
+            "custom_ops",
+            "bench.bench_custom_ops:bench_custom_ops",
+            "20 zonnx FixNeuron functions on 1x64x56x56 in ORT vs the same chain of QuantizeLinear/DequantizeLinear",
+        ),
     ]
 }
 

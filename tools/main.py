@@ -47,24 +47,18 @@ def _root(
 
 
 def main() -> None:
-    """Run the CLI; a ZonnxError prints one line 'error: ...' and exits with its code, never a traceback."""
+    """Run the CLI; a ZonnxError prints one line 'error: ...' and exits with its code, never a traceback.
+
+    typer's standalone mode handles usage errors (exit 2 with the usage line) and --help itself.
+    """
     try:
-        app(standalone_mode=False)
+        app()
     except ZonnxError as e:
         err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.Abort:
-        err_console.print("aborted")
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
         sys.exit(130)
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 from zonnx.tools.console import console, err_console
-from zonnx.tools.options import parse_input_shapes, parse_name_list
+from zonnx.tools.options import load_feeds, parse_input_shapes, parse_name_list
 
 from zonnx.errors import OptionError
 from zonnx.ir.io import load_proto, save_model
@@ -40,6 +40,7 @@ def optimize(
     input_shape: list[str] = typer.Option(
         None, "--input-shape", help="Concrete input shape for --verify, e.g. x:1,3,224,224."
     ),
+    inputs: Path = typer.Option(None, "--inputs", help="Real inputs for --verify: .npz, one array per input."),
     fixed_point: bool = typer.Option(
         True, "--fixed-point/--single-round", help="Repeat until nothing changes."
     ),
@@ -65,7 +66,11 @@ def optimize(
         passes=tuple(parse_name_list(passes)) or None,
         skip=tuple(parse_name_list(skip)),
         fixed_point=fixed_point,
-        verify=VerifyOptions(shapes=parse_input_shapes(input_shape)) if verify else None,
+        verify=VerifyOptions(
+            shapes=parse_input_shapes(input_shape), feeds=load_feeds(inputs) if inputs else None
+        )
+        if verify
+        else None,
     )
     proto = load_proto(model)
     show_progress = console.is_terminal and not as_json

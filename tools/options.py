@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["parse_input_shapes", "parse_name_list"]
+__all__ = ["parse_input_shapes", "parse_name_list", "load_feeds"]
 
+import zipfile
 from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
 
 from zonnx.errors import OptionError
 
@@ -30,3 +34,14 @@ def parse_input_shapes(values: Sequence[str] | None) -> dict[str, tuple[int, ...
 def parse_name_list(values: Sequence[str] | None) -> list[str]:
     """Accept repeated options and comma-separated values alike: ``--skip a,b --skip c``."""
     return [item.strip() for v in values or () for item in v.split(",") if item.strip()]
+
+
+def load_feeds(path: Path) -> dict[str, np.ndarray]:
+    """Read model inputs from an .npz file: one array per input name, each a whole input tensor."""
+    if not path.is_file():
+        raise OptionError(f"--inputs {path}: no such file.")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise OptionError(f"--inputs {path}: not a readable .npz file ({e}).") from None
