@@ -57,7 +57,11 @@ def main() -> None:
         loaded_gs = gs.import_onnx(onnx.load(src))
         rows = [
             ("load", _best(lambda: ir.load(src)), _best(lambda: gs.import_onnx(onnx.load(src)))),
-            ("save", _best(lambda: ir.save(loaded_ir, out)), _best(lambda: onnx.save(gs.export_onnx(loaded_gs), out))),
+            (
+                "save",
+                _best(lambda: ir.save(loaded_ir, out)),
+                _best(lambda: onnx.save(gs.export_onnx(loaded_gs), out)),
+            ),
             (
                 "load+save",
                 _best(lambda: ir.save(ir.load(src), out)),

@@ -395,3 +395,28 @@ def test_backend_shipped_cases(folder, case, ops):
     assert op_types(out) == ops
     if ir_version < 4 and result.changes.total:  # IR 3 needs initializers among the inputs: raised to 4
         assert out.ir_version == 4
+
+
+def test_scalar_from_shape_gather_stays_scalar() -> None:
+    """Shape -> Gather(scalar index) folds to a 0-d scalar, so a following Unsqueeze gives rank 1."""
+    from tests.helpers import parse, run_pass_and_compare
+
+    model = parse(
+        """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 96] x) => (float[2, 96] y) {
+    s = Shape(x)
+    i = Constant<value = int64 {1}>()
+    d = Gather<axis = 0>(s, i)
+    zero = Constant<value = int64[1] {0}>()
+    u = Unsqueeze(d, zero)
+    two = Constant<value = int64[1] {2}>()
+    shape = Concat<axis = 0>(two, u)
+    y = Reshape(x, shape)
+}
+"""
+    )
+    folded, result = run_pass_and_compare(ConstantFoldingPass(), model)
+    assert [n.op_type for n in folded.graph] == ["Reshape"]
+    shape = next(iter(folded.graph)).inputs[1].const_value.numpy()
+    assert shape.shape == (2,) and shape.tolist() == [2, 96]

@@ -428,7 +428,7 @@ class ConstantFoldingPass(ZonnxPass):
                     continue
             folded_inputs.extend(v for v in node.inputs if v is not None)
             for value, array in zip([v for v in node.outputs if v.name], results, strict=True):
-                _make_initializer(graph, value, ir.tensor(np.ascontiguousarray(array)))
+                _make_initializer(graph, value, ir.tensor(np.asarray(array, order="C")))  # keeps 0-d scalars 0-d
             graph.remove(node, safe=True)
             changes.add(f"folded {node.op_type}")
         if kept_quantized:

@@ -251,7 +251,7 @@ class Context:
             i += 1
             name = f"{base}_{i}"
         self._names.add(name)
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # ascontiguousarray would make 0-d arrays 1-d
         value = ir.Value(
             name=name,
             type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
