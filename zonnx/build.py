@@ -111,7 +111,9 @@ def run_build(options: BuildOptions, console: Console) -> BuildReport:
     report.stages["load"] = {"path": str(src), "seconds": round(time.perf_counter() - t0, 3)}
     console.rule(f"[bold]zonnx build[/] {options.model}")
 
-    opt = OptimizeOptions(target_opset=options.opset, verify=VerifyOptions() if options.verify else None)
+    # Zoo models verify on their real sample inputs (a detector on noise gives outputs of tiny range).
+    feeds = zoo.sample_inputs(options.model, 1)[0] if options.model in zoo.names() else None
+    opt = OptimizeOptions(target_opset=options.opset, verify=VerifyOptions(feeds=feeds) if options.verify else None)
     with console.status("optimizing"):
         result = optimize_with_report(proto, opt)
     optimized_path = out_dir / f"{src.stem}.opt.onnx"
