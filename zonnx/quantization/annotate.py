@@ -1,0 +1,306 @@
+"""Annotate: op rules mark which tensors of each node to quantize and which must share a scale.
+
+Rules (per op type; a node is quantized only if its type is selected and it is not excluded):
+
+- Conv, ConvTranspose: X activation, W weight (per channel on axis 0, or 1 for ConvTranspose),
+  B int32 bias at s_X * s_W, Y activation.
+- Gemm: A activation, constant B weight (axis 0 if transB else 1), constant C bias; MatMul: A
+  activation, constant B weight (per channel on the last axis), variable B activation (unless
+  MatMulConstBOnly).
+- Add, Sub, Mul, Div, and the other arithmetic/nonlinear ops: float inputs and outputs activations
+  (constant inputs as per-tensor weights). Softmax and Sigmoid outputs get the fixed range [0, 1].
+- "Latent" ops that only move or select values (Reshape, Transpose, MaxPool, Resize, Slice, ...):
+  quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
+  the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
+- A Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused: the
+  intermediate tensor gets no quantization of its own (QDQKeepRemovableActivations turns that off).
+- Everything else stays float; the plan records why for each node.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AnnotateConfig", "annotate", "QUANTIZABLE_OPS", "LATENT_OPS"]
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+import onnx_ir as ir
+
+from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
+from zonnx.quantization.schemes import QuantSpec
+
+_LINEAR = {"Conv": 0, "ConvTranspose": 1}  # op -> weight channel axis
+_ARITH = {"Add", "Sub", "Mul", "Div"}
+LATENT_OPS = {
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "MaxPool",
+    "GlobalMaxPool",
+    "Resize",
+    "Slice",
+    "Gather",
+    "Split",
+    "Pad",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Identity",
+    "Expand",
+    "Tile",
+}
+#: Default op types quantized when the user does not choose (ORT's registries plus a few).
+QUANTIZABLE_OPS = frozenset(
+    set(_LINEAR)
+    | _ARITH
+    | LATENT_OPS
+    | {
+        "Gemm",
+        "MatMul",
+        "Relu",
+        "Clip",
+        "LeakyRelu",
+        "Sigmoid",
+        "Tanh",
+        "HardSigmoid",
+        "HardSwish",
+        "Softmax",
+        "AveragePool",
+        "GlobalAveragePool",
+        "Concat",
+        "ArgMax",
+        "ReduceMean",
+        "PRelu",
+        "Where",
+    }
+)
+_REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
+_FUSES_ACTIVATION = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
+_UNIT_RANGE_OUTPUTS = {"Softmax", "Sigmoid"}
+#: Inputs that are never quantized (shapes, indices, axes) by op type.
+_DATA_INPUTS = {
+    "Reshape": (0,),
+    "Expand": (0,),
+    "Tile": (0,),
+    "Slice": (0,),
+    "Gather": (0,),
+    "Split": (0,),
+    "Pad": (0,),
+    "Resize": (0,),
+    "Squeeze": (0,),
+    "Unsqueeze": (0,),
+    "Clip": (0,),
+    "ReduceMean": (0,),
+    "ReduceSum": (0,),
+    "Where": (1, 2),
+    "ArgMax": (0,),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AnnotateConfig:
+    """What the op rules need from the user's options (defaults are ORT's)."""
+
+    activation: QuantSpec
+    weight: QuantSpec
+    per_channel: bool = False
+    op_types: frozenset[str] = QUANTIZABLE_OPS
+    nodes_to_quantize: frozenset[str] = frozenset()
+    nodes_to_exclude: frozenset[str] = frozenset()
+    matmul_const_b_only: bool = False
+    force_quantize_no_input_check: bool = False
+    exclude_output_op_types: frozenset[str] = frozenset()
+    keep_removable_activations: bool = False
+    per_channel_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    node_activation: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
+    node_weight: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
+
+
+def _is_float(v: ir.Value | None) -> bool:
+    return v is not None and v.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _is_const(v: ir.Value) -> bool:
+    return v.const_value is not None
+
+
+def _consumers(v: ir.Value) -> list[ir.Node]:
+    return [use.node for use in v.uses()]
+
+
+class _Annotator:
+    def __init__(self, model: ir.Model, cfg: AnnotateConfig) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.plan = QuantPlan()
+        self.graph_outputs = {id(v) for v in model.graph.outputs}
+
+    # -- selection ---------------------------------------------------------------------------
+    def _selected(self, node: ir.Node) -> str | None:
+        """None when the node is to be quantized, else the reason it is not."""
+        if node.domain not in ("", "ai.onnx"):
+            return f"domain {node.domain!r} is not quantized"
+        if node.op_type not in self.cfg.op_types:
+            return f"op type {node.op_type} is not in op_types_to_quantize"
+        if node.name in self.cfg.nodes_to_exclude:
+            return "listed in nodes_to_exclude"
+        if self.cfg.nodes_to_quantize and node.name not in self.cfg.nodes_to_quantize:
+            return "not listed in nodes_to_quantize"
+        if not any(_is_float(v) for v in node.inputs):
+            return "has no float input"
+        return None
+
+    def _act_spec(self, node: ir.Node) -> QuantSpec:
+        return self.cfg.node_activation.get(node.name, self.cfg.activation)
+
+    def _weight_spec(self, node: ir.Node, axis: int | None) -> QuantSpec:
+        base = self.cfg.node_weight.get(node.name, self.cfg.weight)
+        if self.cfg.per_channel and axis is not None:
+            axis = self.cfg.per_channel_axis.get(node.op_type, axis)
+            return dataclasses.replace(base, axis=axis)
+        return dataclasses.replace(base, axis=None)
+
+    # -- marking -------------------------------------------------------------------------------
+    def _act(self, node: ir.Node, v: ir.Value | None) -> None:
+        if _is_float(v) and v is not None and not _is_const(v):
+            self.plan.add(TensorPlan(v.name, Role.ACTIVATION, self._act_spec(node)))
+
+    def _weight(self, node: ir.Node, v: ir.Value | None, axis: int | None) -> None:
+        if _is_float(v) and v is not None and _is_const(v):
+            self.plan.add(TensorPlan(v.name, Role.WEIGHT, self._weight_spec(node, axis)))
+
+    def _output(self, node: ir.Node) -> None:
+        if node.op_type in self.cfg.exclude_output_op_types:
+            return
+        for out in node.outputs:
+            if self._fused_activation(node, out):
+                continue
+            self._act(node, out)
+            if node.op_type in _UNIT_RANGE_OUTPUTS and out.name in self.plan.tensors:
+                self.plan.tensors[out.name].fixed_range = (0.0, 1.0)
+
+    def _fused_activation(self, node: ir.Node, out: ir.Value) -> bool:
+        if self.cfg.keep_removable_activations or node.op_type not in _FUSES_ACTIVATION:
+            return False
+        users = _consumers(out)
+        return (
+            len(users) == 1
+            and id(out) not in self.graph_outputs
+            and users[0].op_type in _REMOVABLE_ACTIVATIONS
+            and self._selected(users[0]) is None
+        )
+
+    # -- rules ---------------------------------------------------------------------------------
+    def visit(self, node: ir.Node) -> None:
+        reason = self._selected(node)
+        if reason is not None:
+            self.plan.skipped[node.name] = reason
+            return
+        op = node.op_type
+        ins = list(node.inputs)
+        if op in _LINEAR:
+            if len(ins) < 2 or ins[1] is None or not _is_const(ins[1]):
+                self.plan.skipped[node.name] = "weight W is not a constant"
+                return
+            self._act(node, ins[0])
+            self._weight(node, ins[1], _LINEAR[op])
+            self._bias(node, ins, 2)
+        elif op == "Gemm":
+            self._gemm(node, ins)
+        elif op == "MatMul":
+            if self.cfg.matmul_const_b_only and not _is_const(ins[1]):
+                self.plan.skipped[node.name] = "B is not a constant (MatMulConstBOnly)"
+                return
+            self._act(node, ins[0])
+            if _is_const(ins[1]):
+                rank = len(ins[1].shape) if ins[1].shape is not None else 2
+                self._weight(node, ins[1], rank - 1)
+            else:
+                self._act(node, ins[1])
+        elif op in LATENT_OPS:
+            src = ins[0]
+            if src is None or (
+                src.name not in self.plan.tensors and not self.cfg.force_quantize_no_input_check
+            ):
+                self.plan.skipped[node.name] = "input is not quantized (latent op)"
+                return
+            self._act(node, src)
+            for out in node.outputs:
+                self._act(node, out)
+                if out.name in self.plan.tensors:
+                    self.plan.share(src.name, out.name)
+            self.plan.quantized_nodes.append(node.name)
+            return
+        else:
+            for i, v in enumerate(ins):
+                if i in _DATA_INPUTS.get(op, range(len(ins))):
+                    if v is not None and _is_const(v):
+                        self._weight(node, v, None)
+                    elif op in _REMOVABLE_ACTIVATIONS and self._input_fused(v):
+                        continue
+                    else:
+                        self._act(node, v)
+        self._output(node)
+        self.plan.quantized_nodes.append(node.name)
+
+    def _input_fused(self, v: ir.Value | None) -> bool:
+        producer = v.producer() if v is not None else None
+        return (
+            producer is not None and self._selected(producer) is None and self._fused_activation(producer, v)
+        )
+
+    def _gemm(self, node: ir.Node, ins: list[ir.Value | None]) -> None:
+        b = ins[1]
+        self._act(node, ins[0])
+        if b is not None and _is_const(b):
+            trans_b = node.attributes.get_int("transB", 0)
+            self._weight(node, b, 0 if trans_b else 1)
+            self._bias(node, ins, 2)
+        else:
+            self._act(node, b)
+        if (
+            len(ins) > 2
+            and ins[2] is not None
+            and ins[2].name not in self.plan.tensors
+            and not _is_const(ins[2])
+        ):
+            self._act(node, ins[2])
+
+    def _bias(self, node: ir.Node, ins: list[ir.Value | None], index: int) -> None:
+        if len(ins) <= index or ins[index] is None or not _is_const(ins[index]) or ins[1] is None:
+            return
+        x, w, b = ins[0], ins[1], ins[index]
+        if x is None or x.name not in self.plan.tensors or w.name not in self.plan.tensors:
+            return
+        w_axis = self.plan.tensors[w.name].spec.axis
+        self.plan.add(
+            TensorPlan(
+                b.name,
+                Role.BIAS,
+                dataclasses.replace(self.cfg.weight, axis=0 if w_axis is not None else None),
+                bias_of=(x.name, w.name),
+            )
+        )
+
+
+def nodes_between(model: ir.Model, input_nodes: Iterable[str], output_nodes: Iterable[str]) -> set[str]:
+    """vai_q_onnx's input_nodes/output_nodes: names of nodes before the first start node or after the
+    last end node in topological order (the boundary nodes themselves stay quantizable)."""
+    order = [n.name for n in model.graph]
+    starts = [order.index(n) for n in input_nodes if n in order]
+    ends = [order.index(n) for n in output_nodes if n in order]
+    excluded: set[str] = set()
+    if starts:
+        excluded.update(order[: min(starts)])
+    if ends:
+        excluded.update(order[max(ends) + 1 :])
+    return excluded
+
+
+def annotate(model: ir.Model, cfg: AnnotateConfig) -> QuantPlan:
+    """Run the op rules over the main graph in topological order and return the plan."""
+    annotator = _Annotator(model, cfg)
+    for node in model.graph:
+        annotator.visit(node)
+    return annotator.plan

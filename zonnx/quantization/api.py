@@ -1,0 +1,278 @@
+"""``quantize_static``: a drop-in for onnxruntime's and vai_q_onnx's call, in annotate/observe/write steps."""
+
+from __future__ import annotations
+
+__all__ = ["quantize_static", "QuantizeResult", "build_config"]
+
+import dataclasses
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from zonnx.errors import ModelSaveError, OptionError, did_you_mean
+from zonnx.ir.io import default_opset, save_model, to_ir, to_proto
+from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig, annotate, nodes_between
+from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
+from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
+from zonnx.quantization.options import parse_extra_options
+from zonnx.quantization.plan import QuantPlan
+from zonnx.quantization.schemes import QuantSpec, qdtype
+
+logger = logging.getLogger(__name__)
+
+#: Passes run before annotation: weights become initializers, shapes are known, BN is folded.
+PREP_PASSES = (
+    "shape-inference",
+    "constant-folding",
+    "remove-noops",
+    "fold-batchnorm",
+    "dead-code",
+    "shape-inference",
+)
+
+
+@dataclasses.dataclass
+class QuantizeResult:
+    """What ``quantize_static`` did: the plan, counts of inserted quantizers, and the output path."""
+
+    model: onnx.ModelProto
+    plan: QuantPlan
+    config: QuantConfig
+    counts: Counter[str]
+    opset: int
+    output: Path | None = None
+    report: Any = None
+
+
+def build_config(
+    quant_format: Any = QuantFormat.QDQ,
+    op_types_to_quantize: Sequence[str] | None = None,
+    per_channel: bool = False,
+    reduce_range: bool = False,
+    activation_type: Any = QuantType.QInt8,
+    weight_type: Any = QuantType.QInt8,
+    nodes_to_quantize: Sequence[str] | None = None,
+    nodes_to_exclude: Sequence[str] | None = None,
+    use_external_data_format: bool = False,
+    calibrate_method: Any = CalibrationMethod.MinMax,
+    extra_options: dict[str, Any] | None = None,
+    input_nodes: Sequence[str] | None = None,
+    output_nodes: Sequence[str] | None = None,
+) -> QuantConfig:
+    """Validate the call's arguments (ORT's and vai_q_onnx's spellings) into a QuantConfig."""
+    extra = parse_extra_options(extra_options)
+    fmt = resolve_format(quant_format)
+    method = resolve_method(calibrate_method)
+    act = resolve_type(activation_type, "activation_type")
+    wt = resolve_type(weight_type, "weight_type")
+    if isinstance(fmt, VitisQuantFormat) and act not in ("int8", "int16", "int4"):
+        raise OptionError(
+            f"{fmt}: power-of-two formats are signed; use activation_type=QuantType.QInt8 (got {act})."
+        )
+    return QuantConfig(
+        quant_format=fmt,
+        activation_type=act,
+        weight_type=wt,
+        calibrate_method=method,
+        weight_method=extra.weight_calibrate_method.lower(),
+        per_channel=bool(per_channel),
+        reduce_range=bool(reduce_range),
+        op_types_to_quantize=tuple(op_types_to_quantize or ()),
+        nodes_to_quantize=tuple(nodes_to_quantize or ()),
+        nodes_to_exclude=tuple(nodes_to_exclude or ()),
+        input_nodes=tuple(input_nodes or ()),
+        output_nodes=tuple(output_nodes or ()),
+        use_external_data_format=bool(use_external_data_format),
+        extra=extra,
+    )
+
+
+def _name_nodes(model: ir.Model) -> None:
+    """Give every unnamed node a stable name (``<OpType>_<index>``) so users can exclude it."""
+    used = {n.name for n in model.graph if n.name}
+    for i, node in enumerate(model.graph):
+        if not node.name:
+            name = f"{node.op_type}_{i}"
+            while name in used:
+                name += "_"
+            node.name = name
+            used.add(name)
+
+
+def _prepare(model: ir.Model, cfg: QuantConfig) -> None:
+    from zonnx.passes.catalog import make_pass
+
+    target = max(default_opset(model), cfg.extra.opset or 13, 13)
+    if target > default_opset(model):
+        if not cfg.extra.auto_upgrade_opset:
+            raise OptionError(
+                f"the model is at opset {default_opset(model)} and quantized output needs 13+; "
+                "allow AutoUpgradeOpset or upgrade it with `zonnx optimize --opset 13`."
+            )
+        logger.warning(
+            "upgrading the model from opset %d to %d for quantization", default_opset(model), target
+        )
+        make_pass("opset-upgrade", target_opset=target)(model)
+    for name in PREP_PASSES:
+        make_pass(name)(model)
+    _name_nodes(model)
+
+
+def _check_node_names(model: ir.Model, cfg: QuantConfig) -> None:
+    names = [n.name for n in model.graph]
+    known = set(names)
+    for option in ("nodes_to_exclude", "nodes_to_quantize", "input_nodes", "output_nodes"):
+        for name in getattr(cfg, option):
+            if name not in known:
+                logger.warning(
+                    "%s: no node named %r in the model.%s", option, name, did_you_mean(name, names)
+                )
+
+
+def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
+    extra = cfg.extra
+    act = QuantSpec(
+        qdtype(cfg.activation_type if cfg.activation_type != "bfloat16" else "int8"),
+        symmetric=extra.activation_symmetric or cfg.power_of_two,
+        restricted=extra.activation_restricted_range,
+        power_of_two=cfg.power_of_two,
+    )
+    wt = QuantSpec(
+        qdtype(cfg.weight_type if cfg.weight_type != "bfloat16" else "int8"),
+        symmetric=extra.weight_symmetric or cfg.power_of_two,
+        restricted=extra.weight_restricted_range,
+        power_of_two=cfg.power_of_two,
+        reduce_range=cfg.reduce_range,
+    )
+    excluded = set(cfg.nodes_to_exclude) | nodes_between(model, cfg.input_nodes, cfg.output_nodes)
+    node_act, node_wt = {}, {}
+    op_types = set(cfg.op_types_to_quantize or QUANTIZABLE_OPS)
+    for node in model.graph:
+        override = {**cfg.op_type_overrides.get(node.op_type, {}), **cfg.node_overrides.get(node.name, {})}
+        if override.get("exclude"):
+            excluded.add(node.name)
+        if "activation_type" in override:
+            node_act[node.name] = dataclasses.replace(
+                act,
+                dtype=qdtype(resolve_type(override["activation_type"], f"node {node.name} activation_type")),
+            )
+        if "weight_type" in override:
+            node_wt[node.name] = dataclasses.replace(
+                wt, dtype=qdtype(resolve_type(override["weight_type"], f"node {node.name} weight_type"))
+            )
+    return AnnotateConfig(
+        activation=act,
+        weight=wt,
+        per_channel=cfg.per_channel,
+        op_types=frozenset(op_types),
+        nodes_to_quantize=frozenset(cfg.nodes_to_quantize),
+        nodes_to_exclude=frozenset(excluded),
+        matmul_const_b_only=extra.matmul_const_b_only,
+        force_quantize_no_input_check=extra.force_quantize_no_input_check,
+        exclude_output_op_types=frozenset(extra.op_types_to_exclude_output_quantization),
+        keep_removable_activations=extra.keep_removable_activations,
+        per_channel_axis=dict(extra.per_channel_axis),
+        node_activation=node_act,
+        node_weight=node_wt,
+    )
+
+
+def _check_output_path(model_input: Any, model_output: str | os.PathLike[str]) -> Path:
+    out = Path(model_output)
+    if (
+        isinstance(model_input, str | os.PathLike)
+        and out.exists()
+        and out.resolve() == Path(model_input).resolve()
+    ):
+        raise ModelSaveError(f"{out}: is the input model; write the quantized model to another path.")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise ModelSaveError(f"{out}: folder {out.parent} does not exist; create it first.")
+    return out
+
+
+def quantize_static(
+    model_input: str | os.PathLike[str] | onnx.ModelProto,
+    model_output: str | os.PathLike[str] | None,
+    calibration_data_reader: Any = None,
+    quant_format: Any = QuantFormat.QDQ,
+    op_types_to_quantize: Sequence[str] | None = None,
+    per_channel: bool = False,
+    reduce_range: bool = False,
+    activation_type: Any = QuantType.QInt8,
+    weight_type: Any = QuantType.QInt8,
+    nodes_to_quantize: Sequence[str] | None = None,
+    nodes_to_exclude: Sequence[str] | None = None,
+    use_external_data_format: bool = False,
+    calibrate_method: Any = CalibrationMethod.MinMax,
+    calibration_providers: Sequence[str] | None = None,
+    extra_options: dict[str, Any] | None = None,
+    calibration_cache_path: str | os.PathLike[str] | None = None,
+    *,
+    input_nodes: Sequence[str] | None = None,
+    output_nodes: Sequence[str] | None = None,
+    config: QuantConfig | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> QuantizeResult:
+    """Quantize a float ONNX model with static calibration; same arguments as ORT 1.31's call.
+
+    Also accepts vai_q_onnx's ``input_nodes``/``output_nodes``, ``VitisQuantFormat`` and
+    ``PowerOfTwoMethod``. ``calibration_cache_path`` (ORT) or ``extra_options["LoadStats"]`` reuse saved
+    calibration statistics instead of running the reader. Writes ``model_output`` atomically (skip
+    writing with ``model_output=None``) and returns what was done.
+    """
+    from zonnx.quantization.observe import calibrate_plan, weight_and_bias_params
+    from zonnx.quantization.write import write_model
+
+    cfg = config or build_config(
+        quant_format,
+        op_types_to_quantize,
+        per_channel,
+        reduce_range,
+        activation_type,
+        weight_type,
+        nodes_to_quantize,
+        nodes_to_exclude,
+        use_external_data_format,
+        calibrate_method,
+        extra_options,
+        input_nodes,
+        output_nodes,
+    )
+    out = _check_output_path(model_input, model_output) if model_output is not None else None
+    model = to_ir(
+        onnx.ModelProto.FromString(model_input.SerializeToString())
+        if isinstance(model_input, onnx.ModelProto)
+        else model_input
+    )
+    _prepare(model, cfg)
+    _check_node_names(model, cfg)
+    plan = annotate(model, _annotate_config(model, cfg))
+    if not plan.tensors:
+        raise OptionError(
+            "nothing to quantize: no node matched op_types_to_quantize / nodes_to_quantize "
+            f"(skipped: {dict(list(plan.skipped.items())[:5])})."
+        )
+    float_model = to_proto(model)
+    stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
+    calibrate_plan(
+        float_model,
+        plan,
+        cfg,
+        calibration_data_reader,
+        providers=calibration_providers,
+        stats_path=stats_path,
+        progress=progress,
+    )
+    weight_and_bias_params(model, plan, cfg)
+    counts, opset = write_model(model, plan, cfg)
+    proto = to_proto(model)
+    result = QuantizeResult(proto, plan, cfg, counts, opset, out)
+    if out is not None:
+        save_model(proto, out, external_data=True if cfg.use_external_data_format else None)
+    return result

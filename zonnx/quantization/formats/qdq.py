@@ -1,0 +1,143 @@
+"""QDQ writer: standard QuantizeLinear/DequantizeLinear around every planned tensor.
+
+- Activation T: ``Q(T) -> DQ -> consumers`` (every consumer, so float consumers see what an
+  integer producer would write); a graph output keeps its name.
+- Weight W: stored as integer codes with a DequantizeLinear (``axis`` when per channel); with
+  ``AddQDQPairToWeight`` the float weight stays and gets a Q/DQ pair instead.
+- Bias B: int32 codes at s_X * s_W with a DequantizeLinear.
+- bfloat16 "quantization" of a tensor is a Cast pair (to bfloat16 and back to float).
+
+The opset must allow what is used: per-channel needs 13, 16-bit and 4-bit types need 21; the
+caller upgrades the model first (``required_opset``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["write_qdq", "required_opset"]
+
+import logging
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+
+from zonnx.quantization.formats.common import ValueIndex, add_initializer, insert_on_value
+from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
+from zonnx.quantization.schemes import QuantParams, quantize
+
+logger = logging.getLogger(__name__)
+
+_IR_TYPES = {
+    "int8": ir.DataType.INT8,
+    "uint8": ir.DataType.UINT8,
+    "int16": ir.DataType.INT16,
+    "uint16": ir.DataType.UINT16,
+    "int4": ir.DataType.INT4,
+    "uint4": ir.DataType.UINT4,
+    "int32": ir.DataType.INT32,
+}
+
+
+def required_opset(plan: QuantPlan) -> int:
+    """Lowest default-domain opset whose Q/DQ ops accept every type and axis in the plan."""
+    need = 13  # zonnx writes opset 13+ so per-channel DQ and int32 bias DQ are always valid
+    for tp in plan.tensors.values():
+        if tp.params is not None:
+            need = max(need, tp.params.dtype.min_opset)
+    return need
+
+
+def _qdq_nodes(
+    index: ValueIndex, graph: ir.Graph, name: str, params: QuantParams, src: ir.Value, pair: bool
+) -> tuple[list[ir.Node], ir.Value]:
+    scale = add_initializer(graph, index, f"{name}_scale", np.asarray(params.scale, np.float32))
+    zp = add_initializer(
+        graph, index, f"{name}_zero_point", np.asarray(params.zero_point), _IR_TYPES[params.dtype.name]
+    )
+    attrs = {"axis": params.axis} if params.axis is not None else {}
+    nodes: list[ir.Node] = []
+    codes = src
+    if pair:
+        q_out = ir.Value(name=index.unique(f"{name}_QuantizeLinear_Output"))
+        nodes.append(
+            ir.node(
+                "QuantizeLinear",
+                [src, scale, zp],
+                attrs,
+                outputs=[q_out],
+                name=index.unique(f"{name}_QuantizeLinear"),
+            )
+        )
+        codes = q_out
+    dq_out = ir.Value(
+        name=index.unique(f"{name}_DequantizeLinear_Output"),
+        type=ir.TensorType(ir.DataType.FLOAT),
+        shape=src.shape,
+    )
+    nodes.append(
+        ir.node(
+            "DequantizeLinear",
+            [codes, scale, zp],
+            attrs,
+            outputs=[dq_out],
+            name=index.unique(f"{name}_DequantizeLinear"),
+        )
+    )
+    return nodes, dq_out
+
+
+def _write_tensor(graph: ir.Graph, index: ValueIndex, tp: TensorPlan, add_pair_to_weight: bool) -> None:
+    value = index[tp.name]
+    params = tp.params
+    assert params is not None, f"tensor {tp.name} has no parameters"
+    if tp.role is Role.ACTIVATION or (tp.role is Role.WEIGHT and add_pair_to_weight):
+        insert_on_value(graph, value, lambda v: _qdq_nodes(index, graph, tp.name, params, v, pair=True))
+        return
+    array = np.asarray(value.const_value.numpy(), np.float32)
+    codes = quantize(array, params)
+    stored = add_initializer(graph, index, f"{tp.name}_quantized", codes, _IR_TYPES[params.dtype.name])
+    insert_on_value(graph, value, lambda _v: _qdq_nodes(index, graph, tp.name, params, stored, pair=False))
+
+
+def write_qdq(model: ir.Model, plan: QuantPlan, *, add_qdq_pair_to_weight: bool = False) -> Counter[str]:
+    """Insert the nodes for every planned tensor with parameters; returns counts by role."""
+    graph = model.graph
+    index = ValueIndex(graph)
+    counts: Counter[str] = Counter()
+    for tp in plan.tensors.values():
+        if tp.params is None or tp.name not in index:
+            continue
+        _write_tensor(graph, index, tp, add_qdq_pair_to_weight)
+        counts[tp.role.value] += 1
+    for name, v in list(graph.initializers.items()):
+        if not v.uses() and not v.is_graph_output():
+            graph.initializers.pop(name)
+    return counts
+
+
+def write_bfloat16(model: ir.Model, plan: QuantPlan) -> Counter[str]:
+    """Round every planned activation and weight to bfloat16 with a Cast pair."""
+    graph = model.graph
+    index = ValueIndex(graph)
+    counts: Counter[str] = Counter()
+
+    def cast_pair(v: ir.Value, name: str) -> tuple[list[ir.Node], ir.Value]:
+        mid = ir.Value(name=index.unique(f"{name}_bf16"))
+        out = ir.Value(
+            name=index.unique(f"{name}_bf16_float"), type=ir.TensorType(ir.DataType.FLOAT), shape=v.shape
+        )
+        return [
+            ir.node(
+                "Cast", [v], {"to": ir.DataType.BFLOAT16}, outputs=[mid], name=index.unique(f"{name}_ToBF16")
+            ),
+            ir.node(
+                "Cast", [mid], {"to": ir.DataType.FLOAT}, outputs=[out], name=index.unique(f"{name}_FromBF16")
+            ),
+        ], out
+
+    for tp in plan.tensors.values():
+        if tp.role is Role.BIAS or tp.name not in index:
+            continue
+        insert_on_value(graph, index[tp.name], lambda v, n=tp.name: cast_pair(v, n))
+        counts[tp.role.value] += 1
+    return counts

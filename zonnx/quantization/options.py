@@ -1,0 +1,142 @@
+"""Strict parsing of ``extra_options``: ORT's and vai_q_onnx's documented keys plus zonnx's own.
+
+An unknown key is an error that lists the known ones (with a close match), never silently ignored;
+a known key of ORT's that zonnx does not implement is an error that says so.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ExtraOptions", "parse_extra_options", "KNOWN_KEYS"]
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from zonnx.errors import OptionError, did_you_mean
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraOptions:
+    """Parsed ``extra_options`` with their defaults (ORT's defaults unless noted)."""
+
+    # ORT / vai_q_onnx keys
+    activation_symmetric: bool = False
+    activation_restricted_asymmetric: bool = False
+    weight_symmetric: bool = True
+    force_quantize_no_input_check: bool = False
+    matmul_const_b_only: bool = False
+    add_qdq_pair_to_weight: bool = False
+    op_types_to_exclude_output_quantization: tuple[str, ...] = ()
+    dedicated_qdq_pair: bool = False
+    per_channel_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    calib_tensor_range_symmetric: bool = False
+    calib_moving_average: bool = False
+    calib_moving_average_constant: float = 0.01
+    calib_percentile: float = 99.999
+    minimum_real_range: float | None = None
+    tensor_quant_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    keep_removable_activations: bool = False
+    use_qdq_contrib_ops: bool = False
+    enable_subgraph: bool = False
+    # zonnx keys
+    weight_calibrate_method: str = "minmax"
+    calib_num_bins: int = 2048
+    calib_num_quantized_bins: int = 128
+    calib_nstd: float = 3.0
+    calib_momentum: float = 0.9
+    activation_restricted_range: bool = False
+    weight_restricted_range: bool = False
+    target: str | None = None
+    auto_upgrade_opset: bool = True
+    opset: int | None = None
+    report_path: str | None = None
+    save_stats: str | None = None
+    load_stats: str | None = None
+    fix_round_mode: str | None = None
+
+
+#: extra_options key -> (field name, expected python type(s)).
+KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    "ActivationSymmetric": ("activation_symmetric", bool),
+    "ActivationRestrictedAsymmetric": ("activation_restricted_asymmetric", bool),
+    "WeightSymmetric": ("weight_symmetric", bool),
+    "ForceQuantizeNoInputCheck": ("force_quantize_no_input_check", bool),
+    "MatMulConstBOnly": ("matmul_const_b_only", bool),
+    "AddQDQPairToWeight": ("add_qdq_pair_to_weight", bool),
+    "OpTypesToExcludeOutputQuantization": ("op_types_to_exclude_output_quantization", (list, tuple)),
+    "DedicatedQDQPair": ("dedicated_qdq_pair", bool),
+    "QDQOpTypePerChannelSupportToAxis": ("per_channel_axis", dict),
+    "CalibTensorRangeSymmetric": ("calib_tensor_range_symmetric", bool),
+    "CalibMovingAverage": ("calib_moving_average", bool),
+    "CalibMovingAverageConstant": ("calib_moving_average_constant", (int, float)),
+    "CalibPercentile": ("calib_percentile", (int, float)),
+    "MinimumRealRange": ("minimum_real_range", (int, float, type(None))),
+    "TensorQuantOverrides": ("tensor_quant_overrides", dict),
+    "QDQKeepRemovableActivations": ("keep_removable_activations", bool),
+    "UseQDQContribOps": ("use_qdq_contrib_ops", bool),
+    "EnableSubgraph": ("enable_subgraph", bool),
+    "WeightCalibrateMethod": ("weight_calibrate_method", str),
+    "CalibNumBins": ("calib_num_bins", int),
+    "CalibNumQuantizedBins": ("calib_num_quantized_bins", int),
+    "CalibNStd": ("calib_nstd", (int, float)),
+    "CalibMomentum": ("calib_momentum", (int, float)),
+    "ActivationRestrictedRange": ("activation_restricted_range", bool),
+    "WeightRestrictedRange": ("weight_restricted_range", bool),
+    "Target": ("target", (str, type(None))),
+    "AutoUpgradeOpset": ("auto_upgrade_opset", bool),
+    "Opset": ("opset", (int, type(None))),
+    "ReportPath": ("report_path", (str, type(None))),
+    "SaveStats": ("save_stats", (str, type(None))),
+    "LoadStats": ("load_stats", (str, type(None))),
+    "FixRoundMode": ("fix_round_mode", (str, type(None))),
+}
+
+#: ORT keys accepted for compatibility whose effect zonnx already has built in (value ignored, no warning).
+_ACCEPTED_NOOP = {
+    "extra.Sigmoid.nnapi",
+    "CalibMaxIntermediateOutputs",
+    "CalibStridedMinMax",
+    "QDQDisableWeightAdjustForInt32Bias",
+}
+#: ORT keys zonnx does not implement.
+_UNSUPPORTED = {
+    "SmoothQuant": "SmoothQuant needs neural-compressor; zonnx does not implement it",
+    "SmoothQuantAlpha": "SmoothQuant is not implemented",
+    "SmoothQuantFolding": "SmoothQuant is not implemented",
+}
+
+
+def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
+    """Validate every key and value type; unknown keys raise OptionError listing the known ones."""
+    values: dict[str, Any] = {}
+    for key, value in (extra or {}).items():
+        if key in _ACCEPTED_NOOP:
+            continue
+        if key in _UNSUPPORTED:
+            raise OptionError(f"extra_options[{key!r}]: {_UNSUPPORTED[key]}; remove the key.")
+        if key not in KNOWN_KEYS:
+            known = sorted([*KNOWN_KEYS, *_ACCEPTED_NOOP])
+            raise OptionError(
+                f"extra_options: unknown key {key!r}.{did_you_mean(key, known)} Known keys: {', '.join(known)}."
+            )
+        field, types = KNOWN_KEYS[key]
+        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+            raise OptionError(f"extra_options[{key!r}] = {value!r}: expected {_type_names(types)}.")
+        if not isinstance(value, types):
+            raise OptionError(f"extra_options[{key!r}] = {value!r}: expected {_type_names(types)}.")
+        if isinstance(value, list):
+            value = tuple(value)
+        values[field] = value
+    opts = ExtraOptions(**values)
+    if opts.calib_num_bins < 16:
+        raise OptionError(f"extra_options['CalibNumBins'] = {opts.calib_num_bins}: use at least 16 bins.")
+    if not 0 < opts.calib_percentile <= 100:
+        raise OptionError(f"extra_options['CalibPercentile'] = {opts.calib_percentile}: must be in (0, 100].")
+    if not 0 < opts.calib_momentum < 1:
+        raise OptionError(f"extra_options['CalibMomentum'] = {opts.calib_momentum}: must be in (0, 1).")
+    return opts
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join("None" if t is type(None) else t.__name__ for t in types)

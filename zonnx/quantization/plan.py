@@ -1,0 +1,80 @@
+"""The quantization plan: which tensors to quantize, in what role, and which must share one scale.
+
+Op rules fill a plan (annotate), calibration fills its ranges (observe), schemes turn ranges into
+parameters, refinement passes adjust them, and a writer inserts the nodes. The plan is plain data.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Role", "TensorPlan", "QuantPlan"]
+
+import dataclasses
+import enum
+
+from zonnx.quantization.schemes import QuantParams, QuantSpec
+
+
+class Role(enum.Enum):
+    ACTIVATION = "activation"
+    WEIGHT = "weight"
+    BIAS = "bias"
+
+
+@dataclasses.dataclass
+class TensorPlan:
+    """One tensor to quantize.
+
+    ``bias_of`` names (input activation, weight) for a bias; ``fixed_range`` pins an activation's range
+    (Softmax/Sigmoid outputs); ``params`` is filled after calibration.
+    """
+
+    name: str
+    role: Role
+    spec: QuantSpec
+    bias_of: tuple[str, str] | None = None
+    fixed_range: tuple[float, float] | None = None
+    params: QuantParams | None = None
+    rmin: float | None = None
+    rmax: float | None = None
+
+
+@dataclasses.dataclass
+class QuantPlan:
+    """Tensors by name, shared-scale groups (union-find), quantized nodes, and reasons for skipped nodes."""
+
+    tensors: dict[str, TensorPlan] = dataclasses.field(default_factory=dict)
+    quantized_nodes: list[str] = dataclasses.field(default_factory=list)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    _parent: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def add(self, tp: TensorPlan) -> TensorPlan:
+        """Add a tensor; a tensor already planned keeps its first role and spec."""
+        existing = self.tensors.get(tp.name)
+        if existing is not None:
+            return existing
+        self.tensors[tp.name] = tp
+        self._parent.setdefault(tp.name, tp.name)
+        return tp
+
+    def find(self, name: str) -> str:
+        parent = self._parent.setdefault(name, name)
+        if parent != name:
+            parent = self._parent[name] = self.find(parent)
+        return parent
+
+    def share(self, a: str, b: str) -> None:
+        """Require tensors a and b to use the same scale and zero point."""
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self._parent[rb] = ra
+
+    def groups(self) -> list[list[str]]:
+        """Shared-scale groups of activations (singletons included), in plan order."""
+        out: dict[str, list[str]] = {}
+        for name, tp in self.tensors.items():
+            if tp.role is Role.ACTIVATION:
+                out.setdefault(self.find(name), []).append(name)
+        return list(out.values())
+
+    def activations(self) -> list[str]:
+        return [n for n, t in self.tensors.items() if t.role is Role.ACTIVATION]

@@ -1,0 +1,242 @@
+"""Scale math: from a float range (or a weight tensor) to scale, zero point and power-of-two position.
+
+Conventions (ORT's, which QDQ consumers expect; the Compass and TPU-MLIR documents agree on them):
+
+- asymmetric: the range is widened to include 0; ``scale = (rmax - rmin) / (qmax - qmin)``,
+  ``zero_point = round(qmin - rmin / scale)`` clipped to [qmin, qmax].
+- symmetric, signed: ``scale = 2 * max(|rmin|, |rmax|) / (qmax - qmin)``, ``zero_point = 0``. With the
+  full int8 range that is ``absmax / 127.5`` (Compass "full range"); with the restricted range
+  [-127, 127] it is ``absmax / 127`` (Compass "restricted range", TPU-MLIR weights).
+- symmetric, unsigned: zero point at the middle, ``(qmin + qmax + 1) // 2`` (ORT's rule).
+- power of two (vai_q_onnx): ``scale = 2^-pos``, zero point 0; ``pos = rint(-log2(float scale))``
+  when derived from a range, clamped to [-128, 127]. A scale of 0 (all-zero tensor) gives pos 127.
+- bias: int32, ``scale = s_input * s_weight`` (per channel when the weight is), zero point 0.
+- a zero range gives scale 1 and zero point 0 (quantizes every value to the zero point), as in ORT.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "QDType",
+    "QuantSpec",
+    "QuantParams",
+    "qdtype",
+    "params_from_range",
+    "weight_params",
+    "bias_params",
+    "pof2_params",
+    "pos_from_scale",
+    "quantize",
+    "dequantize",
+]
+
+import dataclasses
+import math
+
+import numpy as np
+import onnx
+
+from zonnx.errors import OptionError
+
+
+@dataclasses.dataclass(frozen=True)
+class QDType:
+    """An integer storage type: name, bit width and signedness."""
+
+    name: str
+    bits: int
+    signed: bool
+
+    def qrange(self, restricted: bool = False) -> tuple[int, int]:
+        """[qmin, qmax]; restricted (narrow) signed ranges drop the most negative code."""
+        if self.signed:
+            lo, hi = -(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1
+            return (lo + 1 if restricted else lo), hi
+        return 0, 2**self.bits - 1
+
+    @property
+    def onnx_type(self) -> int:
+        return {
+            "int8": onnx.TensorProto.INT8,
+            "uint8": onnx.TensorProto.UINT8,
+            "int16": onnx.TensorProto.INT16,
+            "uint16": onnx.TensorProto.UINT16,
+            "int4": onnx.TensorProto.INT4,
+            "uint4": onnx.TensorProto.UINT4,
+            "int32": onnx.TensorProto.INT32,
+        }[self.name]
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """numpy dtype used to hold codes (int4 codes are held in int8, uint4 in uint8)."""
+        return np.dtype({"int4": "int8", "uint4": "uint8"}.get(self.name, self.name))
+
+    @property
+    def min_opset(self) -> int:
+        """First default-domain opset whose QuantizeLinear accepts this type."""
+        return 21 if self.bits in (4, 16) else 13 if self.name == "int32" else 10
+
+
+_QDTYPES = {
+    t.name: t
+    for t in [
+        QDType("int8", 8, True),
+        QDType("uint8", 8, False),
+        QDType("int16", 16, True),
+        QDType("uint16", 16, False),
+        QDType("int4", 4, True),
+        QDType("uint4", 4, False),
+        QDType("int32", 32, True),
+    ]
+}
+
+
+def qdtype(name: str) -> QDType:
+    if name not in _QDTYPES:
+        raise OptionError(f"unknown quantized type {name!r}; use one of {', '.join(_QDTYPES)}.")
+    return _QDTYPES[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantSpec:
+    """How to quantize one tensor (activation or weight).
+
+    Attributes:
+        dtype: storage type (default int8).
+        symmetric: zero point 0 (or mid-range for unsigned) (default False).
+        restricted: drop the most negative code, e.g. [-127, 127] (default False).
+        axis: per-channel axis, None for per-tensor (default None).
+        power_of_two: scale is 2^-pos (default False).
+        reduce_range: ORT's 7-bit weights option (default False).
+    """
+
+    dtype: QDType = _QDTYPES["int8"]
+    symmetric: bool = False
+    restricted: bool = False
+    axis: int | None = None
+    power_of_two: bool = False
+    reduce_range: bool = False
+
+    def qrange(self) -> tuple[int, int]:
+        lo, hi = self.dtype.qrange(self.restricted)
+        if self.reduce_range and self.dtype.bits == 8:
+            lo, hi = (-64, 63) if self.dtype.signed else (0, 127)
+        return lo, hi
+
+
+@dataclasses.dataclass
+class QuantParams:
+    """Scale and zero point (scalars or per-channel arrays) plus the power-of-two position if any."""
+
+    scale: np.ndarray  # float32, shape () or (C,)
+    zero_point: np.ndarray  # spec.dtype codes, same shape as scale
+    dtype: QDType
+    axis: int | None = None
+    pos: np.ndarray | None = None  # int, same shape as scale, when the scale is 2^-pos
+    qmin: int = -128
+    qmax: int = 127
+
+    @property
+    def per_channel(self) -> bool:
+        return self.axis is not None
+
+
+def pos_from_scale(scale: np.ndarray | float) -> np.ndarray:
+    """pos = rint(-log2(scale)) clamped to [-128, 127]; a zero scale gives 127."""
+    s = np.asarray(scale, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        pos = np.where(s > 0, np.rint(-np.log2(np.where(s > 0, s, 1.0))), 127)
+    return np.clip(pos, -128, 127).astype(np.int32)
+
+
+def pof2_params(pos: np.ndarray | int, spec: QuantSpec, axis: int | None = None) -> QuantParams:
+    """Symmetric power-of-two parameters for a given position."""
+    pos = np.asarray(pos, dtype=np.int32)
+    qmin, qmax = spec.qrange()
+    zp = np.zeros(pos.shape, dtype=spec.dtype.np_dtype)
+    if not spec.dtype.signed:
+        zp[...] = 0
+    return QuantParams(
+        np.ldexp(np.float32(1), -pos).astype(np.float32), zp, spec.dtype, axis, pos, qmin, qmax
+    )
+
+
+def params_from_range(
+    rmin: np.ndarray | float, rmax: np.ndarray | float, spec: QuantSpec, axis: int | None = None
+) -> QuantParams:
+    """Scale and zero point for the range [rmin, rmax] (arrays for per-channel), per the module rules."""
+    rmin = np.minimum(np.asarray(rmin, dtype=np.float64), 0.0)
+    rmax = np.maximum(np.asarray(rmax, dtype=np.float64), 0.0)
+    qmin, qmax = spec.qrange()
+    if spec.symmetric:
+        absmax = np.maximum(np.abs(rmin), np.abs(rmax))
+        rmin, rmax = -absmax, absmax
+    scale = (rmax - rmin) / float(qmax - qmin)
+    if spec.symmetric:
+        zp = np.full(scale.shape, 0 if spec.dtype.signed else (qmin + qmax + 1) // 2, dtype=np.float64)
+    else:
+        safe = np.where(scale > 0, scale, 1.0)
+        zp = np.clip(np.round(qmin - rmin / safe), qmin, qmax)
+    zero = ~(scale > np.finfo(np.float32).tiny)
+    scale = np.where(zero, 1.0, scale)
+    zp = np.where(zero, 0 if spec.symmetric and spec.dtype.signed else zp, zp)
+    if spec.power_of_two:
+        pos = pos_from_scale(np.where(zero, 0.0, scale))
+        return pof2_params(pos, spec, axis)
+    return QuantParams(
+        scale.astype(np.float32), zp.astype(spec.dtype.np_dtype), spec.dtype, axis, None, qmin, qmax
+    )
+
+
+def weight_params(w: np.ndarray, spec: QuantSpec) -> QuantParams:
+    """Parameters from the weight's own min/max, per tensor or per channel along ``spec.axis``."""
+    w = np.asarray(w, dtype=np.float32)
+    if spec.axis is None:
+        return params_from_range(float(w.min(initial=0.0)), float(w.max(initial=0.0)), spec)
+    axis = spec.axis % w.ndim
+    reduce_axes = tuple(i for i in range(w.ndim) if i != axis)
+    return params_from_range(
+        w.min(axis=reduce_axes, initial=0.0), w.max(axis=reduce_axes, initial=0.0), spec, axis
+    )
+
+
+def bias_params(input_scale: np.ndarray, weight: QuantParams) -> QuantParams:
+    """int32 bias at scale s_input * s_weight (per channel when the weight is), zero point 0."""
+    scale = (np.asarray(input_scale, np.float64) * weight.scale.astype(np.float64)).astype(np.float32)
+    int32 = _QDTYPES["int32"]
+    lo, hi = int32.qrange()
+    return QuantParams(
+        scale, np.zeros(scale.shape, np.int32), int32, weight.axis if scale.ndim else None, None, lo, hi
+    )
+
+
+def _broadcast(p: np.ndarray, x: np.ndarray, axis: int | None) -> np.ndarray:
+    if axis is None or p.ndim == 0:
+        return p
+    shape = [1] * x.ndim
+    shape[axis % x.ndim] = -1
+    return p.reshape(shape)
+
+
+def quantize(x: np.ndarray, params: QuantParams) -> np.ndarray:
+    """Codes as QuantizeLinear computes them: round half to even of x / scale, plus zero point, saturated."""
+    scale = _broadcast(params.scale.astype(np.float32), x, params.axis)
+    zp = _broadcast(params.zero_point.astype(np.int64), x, params.axis)
+    q = np.rint(np.asarray(x, np.float32) / scale).astype(np.int64) + zp
+    return np.clip(q, params.qmin, params.qmax).astype(params.dtype.np_dtype)
+
+
+def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
+    """(q - zero_point) * scale in float32."""
+    scale = _broadcast(params.scale.astype(np.float32), q, params.axis)
+    zp = _broadcast(params.zero_point.astype(np.int64), q, params.axis)
+    return ((q.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.float32)
+
+
+def check_finite_range(name: str, rmin: float, rmax: float) -> None:
+    """Refuse NaN/Inf ranges with a message naming the tensor."""
+    if not (math.isfinite(rmin) and math.isfinite(rmax)):
+        raise OptionError(
+            f"tensor {name!r}: calibrated range [{rmin}, {rmax}] is not finite; "
+            "check the calibration data for NaN/Inf."
+        )
