@@ -8,7 +8,7 @@ import logging
 import sys
 
 import typer
-from zonnx.tools import build_cmd, inspect_cmd, optimize_cmd
+from zonnx.tools import build_cmd, inspect_cmd, optimize_cmd, quantize_cmd
 from zonnx.tools.console import err_console
 
 from zonnx import __version__
@@ -16,7 +16,7 @@ from zonnx.errors import ZonnxError
 
 app = typer.Typer(
     name="zonnx",
-    help="ONNX-centric NPU deployment toolchain: inspect, optimize, build.",
+    help="ONNX-centric NPU deployment toolchain: inspect, optimize, quantize, build.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -24,6 +24,7 @@ app = typer.Typer(
 )
 app.command("inspect")(inspect_cmd.inspect)
 app.command("optimize")(optimize_cmd.optimize)
+app.command("quantize")(quantize_cmd.quantize)
 app.command("build")(build_cmd.build)
 
 

@@ -20,6 +20,13 @@ _LAZY = {
     "load_proto": "zonnx.ir.io:load_proto",
     "save_model": "zonnx.ir.io:save_model",
     "ZonnxError": "zonnx.errors:ZonnxError",
+    "quantize_static": "zonnx.quantization.api:quantize_static",
+    "QuantFormat": "zonnx.quantization.enums:QuantFormat",
+    "QuantType": "zonnx.quantization.enums:QuantType",
+    "CalibrationMethod": "zonnx.quantization.enums:CalibrationMethod",
+    "VitisQuantFormat": "zonnx.quantization.enums:VitisQuantFormat",
+    "PowerOfTwoMethod": "zonnx.quantization.enums:PowerOfTwoMethod",
+    "CalibrationDataReader": "zonnx.quantization.calibration.readers:CalibrationDataReader",
 }
 
 __all__ = ["__version__", *_LAZY]

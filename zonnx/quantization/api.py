@@ -135,19 +135,20 @@ def _check_node_names(model: ir.Model, cfg: QuantConfig) -> None:
                 )
 
 
+def _spec(type_name: str, symmetric: bool, restricted: bool | None, cfg: QuantConfig) -> QuantSpec:
+    """Symmetric signed types default to the restricted range (ORT); power of two keeps the full range."""
+    dtype = qdtype(type_name if type_name != "bfloat16" else "int8")
+    symmetric = symmetric or cfg.power_of_two
+    if restricted is None:
+        restricted = symmetric and dtype.signed and not cfg.power_of_two
+    return QuantSpec(dtype, symmetric=symmetric, restricted=restricted, power_of_two=cfg.power_of_two)
+
+
 def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
     extra = cfg.extra
-    act = QuantSpec(
-        qdtype(cfg.activation_type if cfg.activation_type != "bfloat16" else "int8"),
-        symmetric=extra.activation_symmetric or cfg.power_of_two,
-        restricted=extra.activation_restricted_range,
-        power_of_two=cfg.power_of_two,
-    )
-    wt = QuantSpec(
-        qdtype(cfg.weight_type if cfg.weight_type != "bfloat16" else "int8"),
-        symmetric=extra.weight_symmetric or cfg.power_of_two,
-        restricted=extra.weight_restricted_range,
-        power_of_two=cfg.power_of_two,
+    act = _spec(cfg.activation_type, extra.activation_symmetric, extra.activation_restricted_range, cfg)
+    wt = dataclasses.replace(
+        _spec(cfg.weight_type, extra.weight_symmetric, extra.weight_restricted_range, cfg),
         reduce_range=cfg.reduce_range,
     )
     excluded = set(cfg.nodes_to_exclude) | nodes_between(model, cfg.input_nodes, cfg.output_nodes)
@@ -181,6 +182,23 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
         node_activation=node_act,
         node_weight=node_wt,
     )
+
+
+class _KeepFirst:
+    """Delegates to a calibration reader and keeps copies of its first ``n`` feeds for the layer report."""
+
+    def __init__(self, reader: Any, n: int = 4) -> None:
+        self._reader, self._n = reader, n
+        self.kept: list[dict[str, Any]] = []
+
+    def get_next(self) -> Any:
+        feed = self._reader.get_next()
+        if feed and len(self.kept) < self._n:
+            self.kept.append({k: v.copy() if hasattr(v, "copy") else v for k, v in feed.items()})
+        return feed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
 
 
 def _check_output_path(model_input: Any, model_output: str | os.PathLike[str]) -> Path:
@@ -260,11 +278,12 @@ def quantize_static(
         )
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
+    reader = _KeepFirst(calibration_data_reader) if calibration_data_reader is not None else None
     calibrate_plan(
         float_model,
         plan,
         cfg,
-        calibration_data_reader,
+        reader,
         providers=calibration_providers,
         stats_path=stats_path,
         progress=progress,
@@ -273,6 +292,13 @@ def quantize_static(
     counts, opset = write_model(model, plan, cfg)
     proto = to_proto(model)
     result = QuantizeResult(proto, plan, cfg, counts, opset, out)
+    if reader is not None and reader.kept:
+        from zonnx.quantization.report import layer_report
+
+        result.report = layer_report(float_model, proto, reader.kept)
     if out is not None:
         save_model(proto, out, external_data=True if cfg.use_external_data_format else None)
+        report_path = cfg.extra.report_path or f"{out}.report.json"
+        if result.report is not None and report_path:
+            result.report.write(report_path)
     return result

@@ -44,8 +44,10 @@ class ExtraOptions:
     calib_num_quantized_bins: int = 128
     calib_nstd: float = 3.0
     calib_momentum: float = 0.9
-    activation_restricted_range: bool = False
-    weight_restricted_range: bool = False
+    # None = ORT's rule: symmetric signed types use the restricted range [-(2^(b-1)-1), 2^(b-1)-1],
+    # except power-of-two quantization, which uses the full range as vai_q_onnx does.
+    activation_restricted_range: bool | None = None
+    weight_restricted_range: bool | None = None
     target: str | None = None
     auto_upgrade_opset: bool = True
     opset: int | None = None
@@ -80,8 +82,8 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "CalibNumQuantizedBins": ("calib_num_quantized_bins", int),
     "CalibNStd": ("calib_nstd", (int, float)),
     "CalibMomentum": ("calib_momentum", (int, float)),
-    "ActivationRestrictedRange": ("activation_restricted_range", bool),
-    "WeightRestrictedRange": ("weight_restricted_range", bool),
+    "ActivationRestrictedRange": ("activation_restricted_range", (bool, type(None))),
+    "WeightRestrictedRange": ("weight_restricted_range", (bool, type(None))),
     "Target": ("target", (str, type(None))),
     "AutoUpgradeOpset": ("auto_upgrade_opset", bool),
     "Opset": ("opset", (int, type(None))),

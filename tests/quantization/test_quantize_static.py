@@ -1,0 +1,255 @@
+"""``zonnx.quantize_static`` as a drop-in for ORT's call: every format, real models, parity with ORT's scales."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType
+from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+import zonnx
+from zonnx import zoo
+from zonnx.errors import OptionError, ZonnxError
+from zonnx.quantization.enums import PowerOfTwoMethod, VitisQuantFormat
+from zonnx.zoo.digits import digits_data, evaluate_top1
+
+
+class DigitsReader(CalibrationDataReader):
+    """An ORT CalibrationDataReader subclass, as users write them."""
+
+    def __init__(self, n: int = 64, batch: int = 1) -> None:
+        x, _ = digits_data("calib")
+        self.feeds = iter([{"input": x[i : i + batch]} for i in range(0, n, batch)])
+
+    def get_next(self):
+        return next(self.feeds, None)
+
+
+class ListReader:
+    def __init__(self, feeds):
+        self.it = iter(feeds)
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+@pytest.fixture(scope="module")
+def digits() -> Path:
+    return zoo.get("digits_cnn")
+
+
+@pytest.fixture(scope="module")
+def digits_test() -> tuple[np.ndarray, np.ndarray]:
+    return digits_data("test")
+
+
+def _ops(path: Path) -> Counter[str]:
+    return Counter((f"{n.domain}:" if n.domain else "") + n.op_type for n in onnx.load(path).graph.node)
+
+
+def test_positional_call_like_ort(tmp_path: Path, digits: Path, digits_test) -> None:
+    out = tmp_path / "q.onnx"
+    # the exact positional order of onnxruntime.quantization.quantize_static
+    zonnx.quantize_static(
+        str(digits),
+        str(out),
+        DigitsReader(),
+        QuantFormat.QDQ,
+        None,
+        True,
+        False,
+        QuantType.QInt8,
+        QuantType.QInt8,
+        None,
+        None,
+        False,
+        CalibrationMethod.MinMax,
+    )
+    ops = _ops(out)
+    assert ops["QuantizeLinear"] == 11 and ops["DequantizeLinear"] == 23 and ops["Conv"] == 5
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])  # stock ORT, no extra library
+    x, y = digits_test
+    float_acc = evaluate_top1(digits, x, y)
+    assert evaluate_top1(out, x, y) >= float_acc - 0.003  # int8 per-channel: at most 0.3 points lost
+    assert sess.get_inputs()[0].name == "input"
+
+
+def test_scales_match_ort_minmax(tmp_path: Path, digits: Path) -> None:
+    """Same data, same MinMax per-tensor options: every activation scale/zero point equals ORT's."""
+    prepped = tmp_path / "prepped.onnx"
+    zonnx.save_model(zonnx.optimize(digits, opset=13), prepped)
+    ours, theirs = tmp_path / "ours.onnx", tmp_path / "ort.onnx"
+    zonnx.quantize_static(prepped, ours, DigitsReader(32), activation_type=QuantType.QUInt8)
+    ort_quantize_static(str(prepped), str(theirs), DigitsReader(32), activation_type=QuantType.QUInt8)
+    ours_init = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(ours).graph.initializer}
+    theirs_init = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(theirs).graph.initializer}
+    common = sorted(k for k in ours_init.keys() & theirs_init.keys() if k.endswith(("_scale", "_zero_point")))
+    assert len(common) >= 20
+    for name in common:
+        np.testing.assert_allclose(ours_init[name], theirs_init[name], rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expect", "max_drop"),
+    [
+        (dict(quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8), "QLinearConv", 0.003),
+        (
+            dict(quant_format=VitisQuantFormat.FixNeuron, calibrate_method=PowerOfTwoMethod.MinMSE),
+            "com.zonnx:FixNeuron",
+            0.01,
+        ),
+        (
+            dict(quant_format=VitisQuantFormat.QDQ, calibrate_method=PowerOfTwoMethod.NonOverflow),
+            "com.zonnx:VitisQuantizeLinear",
+            0.01,
+        ),
+        (dict(calibrate_method=CalibrationMethod.Entropy), "QuantizeLinear", 0.003),
+        (dict(calibrate_method=CalibrationMethod.Percentile, per_channel=True), "QuantizeLinear", 0.003),
+        (dict(activation_type=QuantType.QInt16, weight_type=QuantType.QInt8), "QuantizeLinear", 0.003),
+        (
+            dict(activation_type=QuantType.QUInt8, weight_type=QuantType.QInt4, per_channel=True),
+            "DequantizeLinear",
+            0.02,
+        ),
+        (dict(activation_type="bfloat16", weight_type="bfloat16"), "Cast", 0.003),
+    ],
+)
+def test_formats_run_in_stock_ort(
+    tmp_path: Path, digits: Path, digits_test, kwargs, expect: str, max_drop: float
+) -> None:
+    out = tmp_path / "q.onnx"
+    result = zonnx.quantize_static(digits, out, DigitsReader(), **kwargs)
+    assert _ops(out)[expect] > 0
+    x, y = digits_test
+    assert evaluate_top1(out, x, y) >= evaluate_top1(digits, x, y) - max_drop
+    model = onnx.load(out)
+    onnx.checker.check_model(model)
+    assert model.ir_version <= 13
+    assert {m.key for m in model.metadata_props} >= {"zonnx.test_accuracy"}
+    if kwargs.get("activation_type") == QuantType.QInt16 or kwargs.get("weight_type") == QuantType.QInt4:
+        assert result.opset == 21  # 16-bit and 4-bit Q/DQ need opset 21: upgraded automatically
+
+
+def test_fixneuron_positions_are_powers_of_two(tmp_path: Path, digits: Path) -> None:
+    out = tmp_path / "fix.onnx"
+    result = zonnx.quantize_static(
+        digits,
+        out,
+        DigitsReader(),
+        quant_format=VitisQuantFormat.FixNeuron,
+        calibrate_method=PowerOfTwoMethod.NonOverflow,
+    )
+    model = onnx.load(out)
+    fix = [n for n in model.graph.node if n.op_type == "FixNeuron"]
+    assert len(fix) == sum(result.counts.values())
+    assert {f.name for f in model.functions} == {"FixNeuron"}
+    for tp in result.plan.tensors.values():
+        assert tp.params is not None and tp.params.pos is not None
+        np.testing.assert_array_equal(tp.params.scale, np.ldexp(1.0, -tp.params.pos))
+
+
+def test_ppocr_rec_per_channel_where_ort_fails(tmp_path: Path) -> None:
+    """Opset 12, weights in Constant nodes, calibration lines of different widths (Percentile)."""
+    src = zoo.get("ppocr_rec")
+    by_width = {f["x"].shape: f for f in zoo.sample_inputs("ppocr_rec", 40, seed=5)}
+    feeds = list(by_width.values())[:6]
+    assert len({f["x"].shape for f in feeds}) >= 3
+    out = tmp_path / "rec.onnx"
+    result = zonnx.quantize_static(
+        src, out, ListReader(feeds), per_channel=True, calibrate_method=CalibrationMethod.Percentile
+    )
+    model = onnx.load(out)
+    assert result.opset == 13
+    assert "character" in {m.key for m in model.metadata_props}
+    per_channel = [
+        n
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute)
+    ]
+    assert len(per_channel) >= 38  # every Conv weight
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    probs = sess.run(None, feeds[0])[0]
+    assert probs.shape[-1] == 6625 and np.isfinite(probs).all()
+
+
+def test_exclusions_and_input_output_nodes(tmp_path: Path, digits: Path) -> None:
+    prepped = zonnx.optimize(digits, opset=13)
+    convs = [n.name for n in prepped.graph.node if n.op_type == "Conv"]
+    result = zonnx.quantize_static(prepped, tmp_path / "a.onnx", DigitsReader(), nodes_to_exclude=[convs[0]])
+    assert result.plan.skipped[convs[0]] == "listed in nodes_to_exclude"
+    result = zonnx.quantize_static(prepped, tmp_path / "b.onnx", DigitsReader(), input_nodes=[convs[1]])
+    assert convs[0] in result.plan.skipped and convs[1] in result.plan.quantized_nodes
+    result = zonnx.quantize_static(
+        prepped, tmp_path / "c.onnx", DigitsReader(), op_types_to_quantize=["Conv"]
+    )
+    assert set(result.plan.quantized_nodes) == set(convs)
+
+
+def test_missing_exclude_name_warns_with_close_match(tmp_path: Path, digits: Path, caplog) -> None:
+    prepped = zonnx.optimize(digits, opset=13)
+    conv = next(n.name for n in prepped.graph.node if n.op_type == "Conv")
+    with caplog.at_level(logging.WARNING):
+        zonnx.quantize_static(prepped, tmp_path / "a.onnx", DigitsReader(), nodes_to_exclude=[conv + "x"])
+    assert f"Did you mean {conv!r}" in caplog.text
+
+
+class _Reader:
+    def __init__(self, feeds):
+        self.it = iter(feeds)
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+def _x(shape=(1, 1, 8, 8), dtype=np.float32):
+    return np.zeros(shape, dtype)
+
+
+@pytest.mark.parametrize(
+    ("feeds", "kwargs", "message"),
+    [
+        ([{"inputs": _x()}], {}, "Did you mean 'input'"),
+        ([{"input": _x(dtype=np.float64)}], {}, "float64"),
+        ([{"input": _x((1, 8, 8))}], {}, "rank"),
+        ([], {}, "produced no samples"),
+        ([{"input": _x()}, {"input": np.full((1, 1, 8, 8), np.nan, np.float32)}], {}, "sample 1"),
+        (
+            [{"input": _x()}],
+            {"extra_options": {"ActivationSymetric": True}},
+            "Did you mean 'ActivationSymmetric'",
+        ),
+        (
+            [{"input": _x()}],
+            {"per_channel": True, "calibrate_method": PowerOfTwoMethod.MinMSE},
+            "per_channel",
+        ),
+        ([{"input": _x()}], {"quant_format": "qlinear"}, "quant_format"),
+    ],
+)
+def test_bad_input_gives_one_clear_error_and_no_file(
+    tmp_path: Path, digits: Path, feeds, kwargs, message
+) -> None:
+    out = tmp_path / "q.onnx"
+    with pytest.raises(ZonnxError, match=message):
+        zonnx.quantize_static(digits, out, _Reader(feeds), **kwargs)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_to_overwrite_the_input(tmp_path: Path, digits: Path) -> None:
+    copy = tmp_path / "m.onnx"
+    copy.write_bytes(digits.read_bytes())
+    with pytest.raises(ZonnxError, match="is the input model"):
+        zonnx.quantize_static(copy, copy, DigitsReader())
+    assert copy.read_bytes() == digits.read_bytes()
+
+
+def test_no_reader_and_no_stats(tmp_path: Path, digits: Path) -> None:
+    with pytest.raises(OptionError, match="calibration_data_reader is None"):
+        zonnx.quantize_static(digits, tmp_path / "q.onnx", None)

@@ -1,0 +1,185 @@
+"""``zonnx quantize IN OUT --calib SRC``: static quantization with a progress bar and a summary table."""
+
+from __future__ import annotations
+
+__all__ = ["quantize"]
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from zonnx.tools.console import console, err_console
+from zonnx.tools.options import parse_name_list
+
+from zonnx.errors import OptionError
+from zonnx.ir.io import load_proto
+from zonnx.quantization.api import build_config, quantize_static
+from zonnx.quantization.config import load_config_file
+from zonnx.quantization.sources import reader_from_source
+
+
+def _floats(value: str | None, what: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise OptionError(
+            f"{what} {value!r}: give comma-separated numbers, e.g. 0.485,0.456,0.406."
+        ) from None
+
+
+def _extra(values: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in values or ():
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise OptionError(f"--extra {item!r}: write it as KEY=VALUE, e.g. ActivationSymmetric=true.")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+_PLURAL = {"activation": "activations", "weight": "weights", "bias": "biases"}
+
+
+def _summary(result: Any, seconds: float, output: Path) -> Table:
+    cfg = result.config
+    table = Table(
+        title="quantization", box=box.SIMPLE if console.is_terminal else box.ASCII, title_justify="left"
+    )
+    table.add_column("item")
+    table.add_column("value")
+    rows = [
+        ("output", str(output)),
+        ("format", getattr(cfg.quant_format, "name", str(cfg.quant_format))),
+        ("calibration", getattr(cfg.calibrate_method, "name", str(cfg.calibrate_method))),
+        (
+            "types",
+            f"activations {cfg.activation_type}, weights {cfg.weight_type}"
+            + (", per channel" if cfg.per_channel else ""),
+        ),
+        ("opset", str(result.opset)),
+        ("quantized", ", ".join(f"{v} {_PLURAL.get(k, k)}" for k, v in sorted(result.counts.items()))),
+        ("nodes left float", str(len(result.plan.skipped))),
+        ("time", f"{seconds:.2f} s"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def quantize(
+    model: Path = typer.Argument(..., help="Float .onnx model."),
+    output: Path = typer.Argument(..., help="Quantized .onnx to write."),
+    calib: str = typer.Option(
+        None, "--calib", help="Images folder, .npz/.npy, folder of arrays, or FILE.py:FUNC."
+    ),
+    config: Path = typer.Option(None, "--config", help="TOML or JSON config with per-op/per-node overrides."),
+    method: str = typer.Option(
+        None, "--method", help="minmax, entropy, percentile, mse, nonoverflow, minmse, ..."
+    ),
+    weight_method: str = typer.Option(None, "--weight-method", help="Weight calibration method (minmax)."),
+    fmt: str = typer.Option(None, "--format", help="qdq, qoperator, fixneuron or vitisqdq."),
+    target: str = typer.Option(None, "--target", help="NPU target whose constraints refine the result."),
+    per_channel: bool = typer.Option(None, "--per-channel/--per-tensor", help="Per-channel weights."),
+    activation_type: str = typer.Option(
+        None, "--activation-type", help="int8, uint8, int16, uint16, bfloat16."
+    ),
+    weight_type: str = typer.Option(None, "--weight-type", help="int8, uint8, int4, int16, bfloat16."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="Node names to leave float (comma list)."),
+    op_types: list[str] = typer.Option(None, "--op-types", help="Only quantize these op types (comma list)."),
+    limit: int = typer.Option(None, "--limit", help="Use at most this many calibration samples."),
+    size: str = typer.Option(None, "--size", help="Image HEIGHT,WIDTH (default: the model's input size)."),
+    mean: str = typer.Option(
+        None, "--mean", help="Per-channel mean subtracted from pixels, e.g. 123.7,116.3,103.5."
+    ),
+    scale: str = typer.Option(
+        None, "--scale", help="Per-channel multiplier after the mean, e.g. 0.0171,0.0175,0.0174."
+    ),
+    pixel_format: str = typer.Option(None, "--pixel-format", help="rgb, bgr or gray."),
+    layout: str = typer.Option(None, "--layout", help="nchw or nhwc."),
+    save_stats: Path = typer.Option(
+        None, "--save-stats", help="Save calibration statistics for re-quantizing."
+    ),
+    load_stats: Path = typer.Option(
+        None, "--load-stats", help="Reuse saved statistics instead of calibrating."
+    ),
+    extra: list[str] = typer.Option(None, "--extra", help="extra_options KEY=VALUE (repeatable)."),
+) -> None:
+    """Quantize MODEL with static calibration and write OUTPUT."""
+    cfg_file = load_config_file(config) if config else {}
+    proto = load_proto(model)
+    extra_options = {**cfg_file.get("extra_options", {}), **_extra(extra)}
+    for key, value in (
+        ("Target", target or cfg_file.get("target")),
+        ("SaveStats", save_stats),
+        ("LoadStats", load_stats),
+    ):
+        if value is not None:
+            extra_options[key] = str(value)
+    excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
+    cfg = build_config(
+        quant_format=fmt or cfg_file.get("format", "qdq"),
+        op_types_to_quantize=parse_name_list(op_types) or cfg_file.get("op_types_to_quantize"),
+        per_channel=per_channel if per_channel is not None else cfg_file.get("per_channel", False),
+        reduce_range=cfg_file.get("reduce_range", False),
+        activation_type=activation_type or cfg_file.get("activation_type", "int8"),
+        weight_type=weight_type or cfg_file.get("weight_type", "int8"),
+        nodes_to_exclude=excluded,
+        calibrate_method=method or cfg_file.get("method", "minmax"),
+        extra_options={
+            **(
+                {"WeightCalibrateMethod": weight_method or cfg_file["weight_method"]}
+                if (weight_method or "weight_method" in cfg_file)
+                else {}
+            ),
+            **extra_options,
+        },
+    )
+    if cfg_file.get("op_types") or cfg_file.get("nodes"):
+        import dataclasses
+
+        cfg = dataclasses.replace(
+            cfg, op_type_overrides=cfg_file.get("op_types", {}), node_overrides=cfg_file.get("nodes", {})
+        )
+    if calib is None and load_stats is None:
+        raise OptionError(
+            "give calibration data with --calib (images folder, .npz/.npy, or FILE.py:FUNC), "
+            "or saved statistics with --load-stats."
+        )
+    preprocess = {
+        "size": tuple(int(v) for v in _floats(size, "--size")) if size else None,
+        "mean": _floats(mean, "--mean"),
+        "scale": _floats(scale, "--scale"),
+        "pixel_format": pixel_format,
+        "layout": layout,
+    }
+    reader = reader_from_source(calib, proto, preprocess=preprocess, limit=limit) if calib else None
+    total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
+    start = time.perf_counter()
+    with Progress(
+        TextColumn("calibrating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("calibrating", total=total)
+        result = quantize_static(model, output, reader, config=cfg, progress=lambda _b: bar.advance(task))
+    console.print(_summary(result, time.perf_counter() - start, output))
+    if result.report is not None:
+        result.report.render(console, top=10)
+        err_console.print(
+            f"per-layer report: {result.config.extra.report_path or str(output) + '.report.json'}",
+            markup=False,
+        )

@@ -1,0 +1,216 @@
+"""Observe: calibration statistics -> ranges -> parameters for every planned tensor.
+
+- Activations: one streaming calibration pass collects exactly the statistics the chosen method
+  needs; each tensor's range comes from its own statistics; a shared-scale group takes the union of
+  its members' ranges (for power-of-two: the smallest position, i.e. the widest range).
+- Softmax/Sigmoid outputs use the fixed range [0, 1].
+- Weights: from the tensor itself, per tensor or per channel; ``WeightCalibrateMethod`` may choose a
+  histogram method too (per tensor). Power-of-two weights use vai_q_onnx's "diffs" search.
+- Biases: int32 at s_input * s_weight (float-scale formats); power-of-two formats treat the bias
+  like a weight of the weight's bit width, as vai_q_onnx does.
+"""
+
+from __future__ import annotations
+
+__all__ = ["calibrate_plan", "weight_and_bias_params", "activation_method"]
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from zonnx.errors import OptionError
+from zonnx.quantization.calibration import pof2
+from zonnx.quantization.calibration.collector import collect
+from zonnx.quantization.calibration.methods import compute_range, method_name
+from zonnx.quantization.calibration.stats import GridHistogram, TensorStats
+from zonnx.quantization.config import QuantConfig
+from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
+from zonnx.quantization.schemes import QuantParams, bias_params, params_from_range, pof2_params, weight_params
+
+logger = logging.getLogger(__name__)
+
+
+def activation_method(cfg: QuantConfig) -> str:
+    """The calibrator's method name for the user's calibrate_method and extra options."""
+    name = method_name(cfg.calibrate_method)
+    if name == "minmax" and cfg.extra.calib_moving_average:
+        return "movingaverage"
+    return name
+
+
+def _method_options(cfg: QuantConfig, name: str) -> dict[str, Any]:
+    extra = cfg.extra
+    opts: dict[str, Any] = {}
+    if name == "percentile":
+        opts["percentile"] = extra.calib_percentile
+    elif name == "entropy":
+        opts["num_quantized_bins"] = extra.calib_num_quantized_bins
+    elif name == "nstd":
+        opts["n"] = extra.calib_nstd
+    if extra.activation_symmetric or extra.calib_tensor_range_symmetric or cfg.power_of_two:
+        opts["symmetric"] = True
+    return opts
+
+
+def _range(stats: TensorStats, tp: TensorPlan, cfg: QuantConfig, name: str) -> tuple[float, float]:
+    qmin, qmax = tp.spec.qrange()
+    lo, hi = compute_range(stats, name, qmin=qmin, qmax=qmax, **_method_options(cfg, name))
+    if cfg.extra.minimum_real_range is not None and hi - lo < cfg.extra.minimum_real_range:
+        hi = lo + cfg.extra.minimum_real_range
+    return lo, hi
+
+
+def _pos(stats: TensorStats, tp: TensorPlan, name: str) -> int:
+    qmin, qmax = tp.spec.qrange()
+    if name == "minmse":
+        return pof2.minmse_pos(stats, qmin, qmax)
+    if name in ("nonoverflow", "minmax"):
+        return pof2.nonoverflow_pos(stats, qmin, qmax)
+    lo, hi = compute_range(stats, name, qmin=qmin, qmax=qmax, symmetric=True)
+    return pof2.pos_overflow(lo, hi, qmin, qmax)
+
+
+def _fixed_stats(tp: TensorPlan) -> TensorStats:
+    stats = TensorStats(tp.name)
+    assert tp.fixed_range is not None
+    stats.update_extrema(tp.fixed_range[0], tp.fixed_range[1], 1)
+    return stats
+
+
+def calibrate_plan(
+    float_model: onnx.ModelProto,
+    plan: QuantPlan,
+    cfg: QuantConfig,
+    reader: Any,
+    *,
+    providers: Sequence[str] | None = None,
+    stats_path: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, TensorStats]:
+    """Fill ``params`` of every activation in the plan; returns the statistics used."""
+    name = activation_method(cfg)
+    wanted = [n for n in plan.activations() if plan.tensors[n].fixed_range is None]
+    if stats_path is not None:
+        from zonnx.quantization.calibration.stats_file import load_stats
+
+        stats = load_stats(stats_path, float_model)
+        missing = [n for n in wanted if n not in stats]
+        if missing:
+            raise OptionError(
+                f"{stats_path}: no statistics for {len(missing)} tensor(s) of this plan, e.g. "
+                f"{missing[0]!r}; calibrate again (the plan changed since it was saved)."
+            )
+    elif wanted:
+        if reader is None:
+            raise OptionError(
+                "calibration_data_reader is None: give calibration data (a CalibrationDataReader, "
+                "zonnx quantize --calib DIR_OR_NPZ) or saved statistics (extra_options LoadStats)."
+            )
+        stats = collect(
+            float_model,
+            wanted,
+            reader,
+            methods_needed=[name],
+            providers=providers or ("CPUExecutionProvider",),
+            progress=progress,
+            bins=cfg.extra.calib_num_bins,
+            averaging_constant=cfg.extra.calib_moving_average_constant,
+            momentum=cfg.extra.calib_momentum,
+        )
+    else:
+        stats = {}
+    if cfg.extra.save_stats:
+        from zonnx.quantization.calibration.stats_file import save_stats
+
+        save_stats(cfg.extra.save_stats, stats, float_model, methods=[name])
+    for group in plan.groups():
+        members = [plan.tensors[n] for n in group]
+        member_stats = [(tp, _fixed_stats(tp) if tp.fixed_range else stats.get(tp.name)) for tp in members]
+        member_stats = [(tp, s) for tp, s in member_stats if s is not None and s.batches > 0]
+        if not member_stats:
+            logger.warning("tensor %r: no calibration values seen; left float", group[0])
+            continue
+        spec = members[0].spec
+        if spec.power_of_two:
+            pos = min(_pos(s, tp, "minmax" if tp.fixed_range else name) for tp, s in member_stats)
+            params = pof2_params(pos, spec)
+        else:
+            ranges = [tp.fixed_range or _range(s, tp, cfg, name) for tp, s in member_stats]
+            lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+            params = params_from_range(lo, hi, spec)
+            for tp in members:
+                tp.rmin, tp.rmax = lo, hi
+        for tp in members:
+            tp.params = dataclasses.replace(params) if tp.spec == spec else _respec(params, tp)
+    return stats
+
+
+def _respec(params: QuantParams, tp: TensorPlan) -> QuantParams:
+    """A group member with another spec (per-node override) gets its own parameters on the same range."""
+    if tp.rmin is None or tp.rmax is None:
+        return params
+    return params_from_range(tp.rmin, tp.rmax, tp.spec)
+
+
+def _weight_stats(name: str, w: np.ndarray, bins: int) -> TensorStats:
+    stats = TensorStats(name)
+    stats.update_extrema(float(w.min()), float(w.max()), w.size)
+    stats.update_moments(w.size, float(w.sum(dtype=np.float64)), float(np.square(w, dtype=np.float64).sum()))
+    stats.hist = GridHistogram(bins)
+    stats.hist.add(w.ravel())
+    return stats
+
+
+def _weight_params(tp: TensorPlan, w: np.ndarray, cfg: QuantConfig) -> QuantParams:
+    spec = tp.spec
+    qmin, qmax = spec.qrange()
+    if spec.power_of_two:
+        return pof2_params(pof2.weight_diffs_pos(w, qmin, qmax), spec)
+    method = cfg.weight_method
+    if method == "minmax":
+        return weight_params(w, spec)
+    if spec.axis is not None:
+        raise OptionError(
+            f"WeightCalibrateMethod {method!r} works per tensor; use per_channel=False or 'minmax'."
+        )
+    lo, hi = compute_range(
+        _weight_stats(tp.name, w, cfg.extra.calib_num_bins),
+        method,
+        qmin=qmin,
+        qmax=qmax,
+        symmetric=spec.symmetric,
+    )
+    return params_from_range(lo, hi, spec)
+
+
+def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -> None:
+    """Fill ``params`` of weights from their values, then of biases from their input and weight."""
+    inits = model.graph.initializers
+    for tp in plan.tensors.values():
+        if tp.role is Role.WEIGHT and tp.name in inits:
+            w = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
+            tp.params = _weight_params(tp, w, cfg)
+    for tp in plan.tensors.values():
+        if tp.role is not Role.BIAS or tp.bias_of is None or tp.name not in inits:
+            continue
+        x, w = (plan.tensors.get(n) for n in tp.bias_of)
+        if x is None or w is None or x.params is None or w.params is None:
+            continue  # the input stayed float: the bias stays float too
+        if cfg.power_of_two:
+            b = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
+            qmin, qmax = tp.spec.qrange()
+            tp.params = pof2_params(
+                pof2.weight_diffs_pos(b, qmin, qmax), dataclasses.replace(tp.spec, axis=None)
+            )
+        else:
+            tp.params = bias_params(x.params.scale, w.params)
+
+
+def method_label(method: Enum | str) -> str:
+    return method.name if isinstance(method, Enum) else str(method)
