@@ -287,6 +287,16 @@ REGISTRY: dict[str, Benchmark] = {
             "ORT float throughput of the CNN zoo models, graph optimizations off vs ORT default",
         ),
         Benchmark(
+            "quant_accuracy",
+            "bench.bench_quant_accuracy:bench_quant_accuracy",
+            "digits top-1 and PP-OCRv4 rec char accuracy: zonnx quantizer vs ORT's, same arguments and data",
+        ),
+        Benchmark(
+            "quant_speed",
+            "bench.bench_quant_speed:bench_quant_speed",
+            "ResNet-18 int8 QDQ from zonnx in plain ORT vs float and vs ORT's quantizer output",
+        ),
+        Benchmark(
             "custom_ops",
             "bench.bench_custom_ops:bench_custom_ops",
             "20 zonnx FixNeuron functions on 1x64x56x56 in ORT vs the same chain of QuantizeLinear/DequantizeLinear",

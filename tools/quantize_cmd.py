@@ -71,6 +71,9 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
         ("nodes left float", str(len(result.plan.skipped))),
         ("time", f"{seconds:.2f} s"),
     ]
+    if result.refinement is not None:
+        changes = result.refinement.counts
+        rows.append(("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed"))
     for key, value in rows:
         table.add_row(key, value)
     return table

@@ -25,6 +25,15 @@ PASSES: dict[str, str] = {
     "fuse-gelu": "zonnx.passes.fusion.gelu:FuseGeluPass",
     "canonicalize-gemm": "zonnx.passes.fusion.gemm:CanonicalizeGemmPass",
     "cancel-transpose-reshape": "zonnx.passes.fusion.transpose_reshape:CancelTransposeReshapePass",
+    # NPU constraint refinement of quantized models (option target=, default "dpu-b4096")
+    "refine-leaky-relu": "zonnx.quantization.refine.leaky_relu:LeakyReluSlopePass",
+    "refine-sigmoid": "zonnx.quantization.refine.sigmoid:SigmoidRangePass",
+    "refine-eltwise": "zonnx.quantization.refine.eltwise:EltwiseShiftPass",
+    "refine-shift-cut": "zonnx.quantization.refine.shift_cut:ShiftCutPass",
+    "refine-shift-bias": "zonnx.quantization.refine.shift_bias:ShiftBiasPass",
+    "refine-align-concat": "zonnx.quantization.refine.concat:AlignConcatPass",
+    "refine-align-pool": "zonnx.quantization.refine.pool:AlignPoolPass",
+    "refine-avgpool-factor": "zonnx.quantization.refine.avgpool:AvgPoolFactorPass",
 }
 
 #: Named pipelines. ``clean`` is what converters end with; ``pre_quant`` is ``zonnx optimize``'s default.
@@ -51,6 +60,17 @@ PIPELINES: dict[str, tuple[str, ...]] = {
         "cse",
         "dead-code",
         "shape-inference",
+    ),
+    # vai_q_onnx's refinement order, for quantized models
+    "npu_refine": (
+        "refine-leaky-relu",
+        "refine-sigmoid",
+        "refine-eltwise",
+        "refine-shift-cut",
+        "refine-shift-bias",
+        "refine-align-concat",
+        "refine-align-pool",
+        "refine-avgpool-factor",
     ),
 }
 

@@ -48,6 +48,7 @@ class QuantizeResult:
     opset: int
     output: Path | None = None
     report: Any = None
+    refinement: Any = None  # Changes made by the target's refinement rules, when a target was given
 
 
 def build_config(
@@ -263,6 +264,11 @@ def quantize_static(
         output_nodes,
     )
     out = _check_output_path(model_input, model_output) if model_output is not None else None
+    target = None
+    if cfg.extra.target:
+        from zonnx.backend.targets import load_target
+
+        target = load_target(cfg.extra.target)  # an unknown target fails before calibration
     model = to_ir(
         onnx.ModelProto.FromString(model_input.SerializeToString())
         if isinstance(model_input, onnx.ModelProto)
@@ -290,8 +296,13 @@ def quantize_static(
     )
     weight_and_bias_params(model, plan, cfg)
     counts, opset = write_model(model, plan, cfg)
+    refinement = None
+    if target is not None:
+        from zonnx.quantization.refine.pipeline import refine_model
+
+        refinement = refine_model(model, target)
     proto = to_proto(model)
-    result = QuantizeResult(proto, plan, cfg, counts, opset, out)
+    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement)
     if reader is not None and reader.kept:
         from zonnx.quantization.report import layer_report
 

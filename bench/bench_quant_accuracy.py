@@ -1,0 +1,97 @@
+"""Accuracy of quantized models on real tasks: zonnx's quantizer against ORT's, same arguments, same data.
+
+- digits CNN: test top-1 of float, zonnx int8 per-channel QDQ and power-of-two per-tensor FixNeuron,
+  and ORT's quantizer with the same QDQ arguments (targets: drop <= 0.3 and <= 1 point).
+- PP-OCRv4 recognition: character accuracy on rendered text lines (DejaVu fonts) of float, zonnx
+  and ORT (target: zonnx ahead of ORT). ORT's quantizer cannot take the shipped model (opset 12,
+  weights in Constant nodes), so it gets the same model after zonnx's preparation (opset 13, weights
+  as initializers): the preparation a user would have to do by hand.
+"""
+
+from __future__ import annotations
+
+__all__ = ["bench_quant_accuracy"]
+
+import logging
+import tempfile
+from pathlib import Path
+
+import onnxruntime as ort
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
+from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+import zonnx
+from bench.runner import HIGHER, LOWER, BenchContext, Measurement
+from zonnx import zoo
+from zonnx.quantization.enums import PowerOfTwoMethod, VitisQuantFormat
+from zonnx.zoo.digits import digits_data, evaluate_top1
+from zonnx.zoo.text_images import char_accuracy, ctc_greedy_decode, rec_samples
+
+logger = logging.getLogger(__name__)
+
+
+class _Reader:
+    def __init__(self, feeds: list[dict]) -> None:
+        self._it = iter(feeds)
+
+    def get_next(self) -> dict | None:
+        return next(self._it, None)
+
+
+def _rec_accuracy(path: Path, lines: list) -> float:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    preds = [p for _, feed in lines for p in ctc_greedy_decode(sess.run(None, feed)[0])]
+    return char_accuracy(preds, [text for text, _ in lines])
+
+
+def _digits(tmp: Path, quick: bool) -> list[Measurement]:
+    src = zoo.get("digits_cnn")
+    x, y = digits_data("test")
+    calib_x, _ = digits_data("calib")
+    calib = [{"input": calib_x[i : i + 1]} for i in range(32 if quick else 128)]
+    float_acc = evaluate_top1(src, x, y)
+    out = []
+    qdq = dict(per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    zonnx.quantize_static(src, tmp / "d_zonnx.onnx", _Reader(calib), **qdq)
+    prepped = tmp / "d_prepped.onnx"
+    zonnx.save_model(zonnx.optimize(src, opset=13), prepped)
+    ort_quantize_static(str(prepped), str(tmp / "d_ort.onnx"), _Reader(calib), QuantFormat.QDQ, **qdq)
+    ours, peer = evaluate_top1(tmp / "d_zonnx.onnx", x, y), evaluate_top1(tmp / "d_ort.onnx", x, y)
+    out.append(Measurement("digits int8 per-channel: top-1 drop (points)", 100 * (float_acc - ours), "pt",
+                           LOWER, target=0.3, note=f"float {float_acc:.4f}, zonnx {ours:.4f}, ORT {peer:.4f}"))
+    zonnx.quantize_static(src, tmp / "d_pof2.onnx", _Reader(calib), quant_format=VitisQuantFormat.FixNeuron,
+                          calibrate_method=PowerOfTwoMethod.MinMSE)
+    pof2 = evaluate_top1(tmp / "d_pof2.onnx", x, y)
+    out.append(Measurement("digits power-of-two per-tensor: top-1 drop (points)", 100 * (float_acc - pof2), "pt",
+                           LOWER, target=1.0, note=f"float {float_acc:.4f}, FixNeuron MinMSE {pof2:.4f}"))
+    return out
+
+
+def _rec(tmp: Path, quick: bool) -> list[Measurement]:
+    src = zoo.get("ppocr_rec")
+    samples = rec_samples(32 + (40 if quick else 200), seed=11)
+    calib = [feed for _, feed in samples[:32]]
+    test = samples[32:]
+    float_acc = _rec_accuracy(src, test)
+    prepped = tmp / "rec_prepped.onnx"
+    zonnx.save_model(zonnx.optimize(src, opset=13, passes=["opset-upgrade", "shape-inference",
+                                                          "constant-folding", "dead-code"]), prepped)
+    out = []
+    for label, kwargs in [
+        ("MinMax per-channel u8s8", dict(per_channel=True, activation_type=QuantType.QUInt8)),
+        ("MinMax per-channel s8s8", dict(per_channel=True, activation_type=QuantType.QInt8)),
+    ]:
+        zonnx.quantize_static(src, tmp / "r_zonnx.onnx", _Reader(calib), **kwargs)
+        ort_quantize_static(str(prepped), str(tmp / "r_ort.onnx"), _Reader(calib), QuantFormat.QDQ,
+                            calibrate_method=CalibrationMethod.MinMax, **kwargs)
+        ours, peer = _rec_accuracy(tmp / "r_zonnx.onnx", test), _rec_accuracy(tmp / "r_ort.onnx", test)
+        out.append(Measurement(f"PP-OCRv4 rec {label}: char accuracy", ours, "acc", HIGHER, peer="ORT quantizer",
+                               peer_value=peer, target=1.0, note=f"float {float_acc:.4f}, {len(test)} lines"))
+    return out
+
+
+def bench_quant_accuracy(ctx: BenchContext) -> list[Measurement]:
+    """Accuracy drop of zonnx's quantization on digits and PP-OCRv4 rec, with ORT's quantizer as peer."""
+    with tempfile.TemporaryDirectory(prefix="zonnx-bench-") as d:
+        tmp = Path(d)
+        return _digits(tmp, ctx.quick) + _rec(tmp, ctx.quick)
