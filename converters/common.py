@@ -9,6 +9,7 @@ __all__ = [
     "ConversionError",
     "OutputCheck",
     "SourceInfo",
+    "ConversionResult",
     "finish",
     "check_against_source",
     "render_checks",
@@ -77,6 +78,15 @@ class OutputCheck:
         if self.max_lsb is not None and max_lsb is not None:
             return self.max_lsb <= max_lsb
         return self.cosine >= min_cosine
+
+
+@dataclasses.dataclass
+class ConversionResult:
+    """What a frontend returns: the cleaned model, the numeric check per output, and the provenance."""
+
+    model: onnx.ModelProto
+    checks: list[OutputCheck]
+    info: SourceInfo
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -28,7 +28,7 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   # torch first and pinned: an unpinned torch resolves to a multi-GB CUDA build.
   "$venv/bin/python" -m pip install -q "torch==2.13.0"
-  "$venv/bin/python" -m pip install -q -e ".[dev]"
+  "$venv/bin/python" -m pip install -q -e ".[dev,tf]"
   # Only the PP-OCR model files are needed from this wheel, not its OpenCV dependencies.
   "$venv/bin/python" -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
   echo "$want" > "$stamp"
