@@ -287,6 +287,11 @@ REGISTRY: dict[str, Benchmark] = {
             "ORT float throughput of the CNN zoo models, graph optimizations off vs ORT default",
         ),
         Benchmark(
+            "graph_tools",
+            "bench.bench_graph_tools:bench_graph_tools",
+            "inspect and optimize wall time on every zoo model vs onnx shape inference and onnxslim",
+        ),
+        Benchmark(
             "quant_accuracy",
             "bench.bench_quant_accuracy:bench_quant_accuracy",
             "digits top-1 and PP-OCRv4 rec char accuracy: zonnx quantizer vs ORT's, same arguments and data",
@@ -300,6 +305,11 @@ REGISTRY: dict[str, Benchmark] = {
             "custom_ops",
             "bench.bench_custom_ops:bench_custom_ops",
             "20 zonnx FixNeuron functions on 1x64x56x56 in ORT vs the same chain of QuantizeLinear/DequantizeLinear",
+        ),
+        Benchmark(
+            "calibration",
+            "bench.bench_calibration:bench_calibration",
+            "ResNet-18 calibration (MinMax, Percentile) / float sweep and peak RSS 256 vs 32 samples: zonnx vs ORT",
         ),
     ]
 }
