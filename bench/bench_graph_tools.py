@@ -32,7 +32,7 @@ def bench_graph_tools(ctx: BenchContext) -> list[Measurement]:
         proto = load_proto(path)
         opts = OptimizeOptions()
         t_opt, t_slim = ctx.time_pair(
-            lambda m=proto: optimize_with_report(m, opts),
+            lambda m=proto, o=opts: optimize_with_report(m, o),
             lambda m=proto: onnxslim.slim(onnx.ModelProto.FromString(m.SerializeToString())),
         )
         result = optimize_with_report(proto, opts)

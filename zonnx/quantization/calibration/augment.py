@@ -1,0 +1,257 @@
+"""The calibration model: requested tensors reduced to a few small outputs inside the graph itself.
+
+For every *measured* tensor ``t`` the graph gets ``flat = Reshape(Cast(t, float), [-1])`` (the Cast is
+removed by ORT when ``t`` is float32 already, the Reshape copies nothing), ``Shape(flat)`` (its size),
+``ReduceMin``/``ReduceMax`` and, with moments, ``ReduceSum``/``ReduceSumSquare``. The per-tensor
+results are concatenated into one output each (``sizes``, ``mins``, ``maxs``, ``sums``, ``sumsqs``),
+so a run returns a handful of arrays whatever the number of tensors. With a histogram, each tensor
+gets an output ``Slice(flat, 0, end, 0, step)`` (not concatenated: a Concat would copy them once more);
+the steps are one graph input split per tensor, chosen by the collector (1 = every value).
+
+Derived tensors cost nothing in the graph. If a requested tensor is ``Relu(s)`` or a value-preserving
+op of ``s`` (Identity, Flatten, Reshape, Squeeze, Unsqueeze, Transpose) and ``s`` is requested too,
+its statistics follow from ``s``'s: the same values, or ``max(v, 0)`` of them (extrema exactly; the
+histogram is an exact fold because 0 is always a bin edge). Moments of a Relu output do not follow,
+so with moments a Relu output is measured.
+"""
+
+from __future__ import annotations
+
+__all__ = ["VALUE_PRESERVING", "Derived", "Augmented", "build"]
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from zonnx.errors import did_you_mean
+from zonnx.ir.io import default_opset
+from zonnx.quantization.calibration.readers import CalibrationError
+
+logger = logging.getLogger(__name__)
+
+#: Ops whose output holds exactly the values of their first input (in some order or shape).
+VALUE_PRESERVING = frozenset({"Identity", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose"})
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A requested tensor computed from a measured one: ``kind`` is "same" or "relu"."""
+
+    source: str
+    kind: str
+
+
+@dataclasses.dataclass
+class Augmented:
+    """The calibration model and how to read its outputs.
+
+    ``measured``: tensors reduced in the graph, in output order; ``derived``: the others;
+    ``outputs``: the output names ("sizes", "mins", "maxs", optional "sums", "sumsqs");
+    ``samples``: per measured tensor, the output holding its histogram values (empty without histogram);
+    ``steps_input``: name of the int64 [len(measured)] sampling-steps input, or None without histogram;
+    ``weights``: the original model's large initializers, which ``model`` only declares as external
+    placeholders (pass them to ORT with ``SessionOptions.add_external_initializers``: the weights are
+    then never serialized or copied into a second protobuf).
+    """
+
+    model: onnx.ModelProto
+    measured: list[str]
+    derived: dict[str, Derived]
+    outputs: dict[str, str]
+    samples: list[str]
+    steps_input: str | None
+    weights: list[onnx.TensorProto]
+
+
+def _unique_prefix(model: onnx.ModelProto) -> str:
+    g = model.graph
+    names = (
+        {o for n in g.node for o in n.output} | {i.name for i in g.input} | {i.name for i in g.initializer}
+    )
+    prefix, k = "zonnx_calib_", 0
+    while any(n.startswith(prefix) for n in names):
+        k += 1
+        prefix = f"zonnx_calib{k}_"
+    return prefix
+
+
+#: Initializer types handed to ORT as numpy-backed external initializers (others stay in the proto).
+_EXTERNAL_TYPES = {
+    TensorProto.FLOAT: 4,
+    TensorProto.DOUBLE: 8,
+    TensorProto.FLOAT16: 2,
+    TensorProto.INT8: 1,
+    TensorProto.UINT8: 1,
+    TensorProto.INT16: 2,
+    TensorProto.UINT16: 2,
+    TensorProto.INT32: 4,
+    TensorProto.UINT32: 4,
+    TensorProto.INT64: 8,
+    TensorProto.UINT64: 8,
+    TensorProto.BOOL: 1,
+}
+
+
+def _skeleton(
+    model: onnx.ModelProto, min_bytes: int = 1024
+) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """A copy of ``model`` without graph outputs whose large initializers are external placeholders."""
+    aug = onnx.ModelProto(
+        ir_version=model.ir_version,
+        producer_name=model.producer_name,
+        producer_version=model.producer_version,
+        domain=model.domain,
+        model_version=model.model_version,
+    )
+    aug.opset_import.extend(model.opset_import)
+    aug.functions.extend(model.functions)
+    src, g = model.graph, aug.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.sparse_initializer.extend(src.sparse_initializer)
+    weights = []
+    for init in src.initializer:
+        size = int(np.prod(init.dims, dtype=np.int64)) * _EXTERNAL_TYPES.get(init.data_type, 0)
+        if init.data_location != TensorProto.EXTERNAL and size >= min_bytes:
+            ph = TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+            ph.data_location = TensorProto.EXTERNAL
+            ph.external_data.add(key="location", value="zonnx-calibration-weights")
+            g.initializer.append(ph)
+            weights.append(init)
+        else:
+            g.initializer.append(init)
+    return aug, weights
+
+
+def _derivations(model: onnx.ModelProto, names: Sequence[str], moments: bool) -> dict[str, Derived]:
+    """Requested tensors whose stats follow from another requested tensor (resolved to a measured root)."""
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    wanted = set(names)
+    direct: dict[str, Derived] = {}
+    for t in names:
+        node = producer.get(t)
+        if (
+            node is None
+            or not node.input
+            or node.input[0] not in wanted
+            or node.domain not in ("", "ai.onnx")
+        ):
+            continue
+        if node.op_type in VALUE_PRESERVING:
+            direct[t] = Derived(node.input[0], "same")
+        elif node.op_type == "Relu" and not moments:
+            direct[t] = Derived(node.input[0], "relu")
+    resolved: dict[str, Derived] = {}
+    for t in direct:
+        kind, src, seen = "same", t, set()
+        while src in direct and src not in seen:
+            seen.add(src)
+            d = direct[src]
+            kind = "relu" if "relu" in (kind, d.kind) else "same"
+            src = d.source
+        if src not in direct:  # a cycle cannot happen in a valid graph; stay safe anyway
+            resolved[t] = Derived(src, kind)
+    return resolved
+
+
+def build(
+    model: onnx.ModelProto,
+    tensor_names: Sequence[str],
+    need: Iterable[str] = ("extrema",),
+    sample: bool = True,
+) -> Augmented:
+    """Return the calibration model for ``tensor_names`` with the statistics in ``need``.
+
+    ``need`` is a subset of {"extrema", "moments", "histogram"}; ``sample`` False (or an opset
+    below 10) outputs every value for the histogram and ignores the steps.
+    """
+    need = set(need)
+    g0 = model.graph
+    have = (
+        {o for n in g0.node for o in n.output if o}
+        | {i.name for i in g0.input}
+        | {i.name for i in g0.initializer}
+    )
+    for t in tensor_names:
+        if t not in have:
+            raise CalibrationError(
+                f"tensor {t!r} to calibrate is not in the model's main graph.{did_you_mean(t, have)}"
+            )
+    names = list(dict.fromkeys(tensor_names))
+    if not names:
+        raise CalibrationError("no tensor to calibrate: tensor_names is empty.")
+    derived = _derivations(model, names, "moments" in need)
+    measured = [t for t in names if t not in derived]
+    opset = default_opset(model)
+    sample = sample and opset >= 10
+
+    aug, weights = _skeleton(model)
+    g = aug.graph
+    p = _unique_prefix(model)
+    g.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), p + "flat"))
+    hist = "histogram" in need
+    steps_input = None
+    if hist and sample:
+        g.initializer.extend(
+            numpy_helper.from_array(np.array(v, dtype=np.int64), p + name)
+            for name, v in [("zero", [0]), ("end", [_INT64_MAX])]
+        )
+        steps_input = p + "steps"
+        g.input.append(helper.make_tensor_value_info(steps_input, TensorProto.INT64, [len(measured)]))
+        step_names = [f"{p}{k}_step" for k in range(len(measured))]
+        if opset >= 13:
+            g.initializer.append(numpy_helper.from_array(np.ones(len(measured), dtype=np.int64), p + "ones"))
+            g.node.append(helper.make_node("Split", [steps_input, p + "ones"], step_names, axis=0))
+        else:
+            g.node.append(
+                helper.make_node("Split", [steps_input], step_names, axis=0, split=[1] * len(measured))
+            )
+    cols: dict[str, list[str]] = {k: [] for k in ("sizes", "mins", "maxs", "sums", "sumsqs")}
+    samples: list[str] = []
+    nodes = []
+    for k, t in enumerate(measured):
+        q = f"{p}{k}_"
+        flat = q + "flat"
+        nodes += [
+            helper.make_node("Cast", [t], [q + "f"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", [q + "f", p + "flat"], [flat]),
+            helper.make_node("Shape", [flat], [q + "n"]),
+            helper.make_node("ReduceMin", [flat], [q + "lo"], keepdims=1),
+            helper.make_node("ReduceMax", [flat], [q + "hi"], keepdims=1),
+        ]
+        cols["sizes"].append(q + "n")
+        cols["mins"].append(q + "lo")
+        cols["maxs"].append(q + "hi")
+        if "moments" in need:
+            nodes += [
+                helper.make_node("ReduceSum", [flat], [q + "sum"], keepdims=1),
+                helper.make_node("ReduceSumSquare", [flat], [q + "sumsq"], keepdims=1),
+            ]
+            cols["sums"].append(q + "sum")
+            cols["sumsqs"].append(q + "sumsq")
+        if hist and sample:
+            nodes.append(
+                helper.make_node("Slice", [flat, p + "zero", p + "end", p + "zero", f"{q}step"], [q + "s"])
+            )
+            samples.append(q + "s")
+        elif hist:
+            samples.append(flat)
+    outputs: dict[str, str] = {}
+    for key, parts in cols.items():
+        if not parts:
+            continue
+        out = p + key
+        nodes.append(helper.make_node("Concat", parts, [out], axis=0))
+        elem = TensorProto.INT64 if key == "sizes" else TensorProto.FLOAT
+        g.output.append(helper.make_tensor_value_info(out, elem, None))
+        outputs[key] = out
+    g.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in samples)
+    g.node.extend(nodes)
+    logger.debug("calibration graph: %d measured, %d derived tensors", len(measured), len(derived))
+    return Augmented(aug, measured, derived, outputs, samples, steps_input, weights)
