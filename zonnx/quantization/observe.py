@@ -120,6 +120,7 @@ def calibrate_plan(
             providers=providers or ("CPUExecutionProvider",),
             progress=progress,
             bins=cfg.extra.calib_num_bins,
+            hist_sample=cfg.extra.calib_histogram_sample,
             averaging_constant=cfg.extra.calib_moving_average_constant,
             momentum=cfg.extra.calib_momentum,
         )

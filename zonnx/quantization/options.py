@@ -42,6 +42,8 @@ class ExtraOptions:
     weight_calibrate_method: str = "minmax"
     calib_num_bins: int = 2048
     calib_num_quantized_bins: int = 128
+    # values per tensor and batch counted in histograms (a strided in-graph sample); None counts all
+    calib_histogram_sample: int | None = 16384
     calib_nstd: float = 3.0
     calib_momentum: float = 0.9
     # None = ORT's rule: symmetric signed types use the restricted range [-(2^(b-1)-1), 2^(b-1)-1],
@@ -80,6 +82,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "WeightCalibrateMethod": ("weight_calibrate_method", str),
     "CalibNumBins": ("calib_num_bins", int),
     "CalibNumQuantizedBins": ("calib_num_quantized_bins", int),
+    "CalibHistogramSample": ("calib_histogram_sample", (int, type(None))),
     "CalibNStd": ("calib_nstd", (int, float)),
     "CalibMomentum": ("calib_momentum", (int, float)),
     "ActivationRestrictedRange": ("activation_restricted_range", (bool, type(None))),
@@ -134,6 +137,9 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
         raise OptionError(f"extra_options['CalibNumBins'] = {opts.calib_num_bins}: use at least 16 bins.")
     if not 0 < opts.calib_percentile <= 100:
         raise OptionError(f"extra_options['CalibPercentile'] = {opts.calib_percentile}: must be in (0, 100].")
+    if opts.calib_histogram_sample is not None and opts.calib_histogram_sample < 1024:
+        raise OptionError(f"extra_options['CalibHistogramSample'] = {opts.calib_histogram_sample}: use at least "
+                          "1024, or None to count every value.")
     if not 0 < opts.calib_momentum < 1:
         raise OptionError(f"extra_options['CalibMomentum'] = {opts.calib_momentum}: must be in (0, 1).")
     return opts
