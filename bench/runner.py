@@ -292,6 +292,11 @@ REGISTRY: dict[str, Benchmark] = {
             "inspect and optimize wall time on every zoo model vs onnx shape inference and onnxslim",
         ),
         Benchmark(
+            "calib_plan",
+            "bench.bench_calib_plan:bench_calib_plan",
+            "calibration time with zonnx's own plan on ResNet-18 vs one float sweep (with and without session)",
+        ),
+        Benchmark(
             "quant_accuracy",
             "bench.bench_quant_accuracy:bench_quant_accuracy",
             "digits top-1 and PP-OCRv4 rec char accuracy: zonnx quantizer vs ORT's, same arguments and data",
