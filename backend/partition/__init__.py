@@ -1,0 +1,25 @@
+"""The GetCapability and partition steps of the NPU execution provider (zonnx.backend.partition).
+
+``propose(model, target)`` marks every node as NPU-capable or not, with the rule it broke
+(``capability``; operator-table limits in ``limits``); ``partition(model, capability, min_nodes=2)``
+claims maximal connected, convex groups as NPU subgraphs with integer boundary tensors
+(``partitioner``); ``render_partition`` and ``to_dict`` show the result (``report``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CapabilityResult",
+    "NodeVerdict",
+    "Partition",
+    "Subgraph",
+    "propose",
+    "partition",
+    "render_partition",
+    "format_partition",
+    "to_dict",
+]
+
+from .capability import CapabilityResult, NodeVerdict, propose
+from .partitioner import Partition, Subgraph, partition
+from .report import format_partition, render_partition, to_dict
