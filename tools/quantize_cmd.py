@@ -115,6 +115,8 @@ def quantize(
     load_stats: Path = typer.Option(
         None, "--load-stats", help="Reuse saved statistics instead of calibrating."
     ),
+    export_table: Path = typer.Option(None, "--export-table", help="Write a TPU-MLIR calibration table."),
+    load_table: Path = typer.Option(None, "--load-table", help="Take ranges from a TPU-MLIR calibration table."),
     extra: list[str] = typer.Option(None, "--extra", help="extra_options KEY=VALUE (repeatable)."),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
@@ -125,6 +127,8 @@ def quantize(
         ("Target", target or cfg_file.get("target")),
         ("SaveStats", save_stats),
         ("LoadStats", load_stats),
+        ("ExportCalibrationTable", export_table),
+        ("LoadCalibrationTable", load_table),
     ):
         if value is not None:
             extra_options[key] = str(value)
@@ -153,7 +157,7 @@ def quantize(
         cfg = dataclasses.replace(
             cfg, op_type_overrides=cfg_file.get("op_types", {}), node_overrides=cfg_file.get("nodes", {})
         )
-    if calib is None and load_stats is None:
+    if calib is None and load_stats is None and load_table is None:
         raise OptionError(
             "give calibration data with --calib (images folder, .npz/.npy, or FILE.py:FUNC), "
             "or saved statistics with --load-stats."

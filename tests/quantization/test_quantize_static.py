@@ -253,3 +253,34 @@ def test_refuses_to_overwrite_the_input(tmp_path: Path, digits: Path) -> None:
 def test_no_reader_and_no_stats(tmp_path: Path, digits: Path) -> None:
     with pytest.raises(OptionError, match="calibration_data_reader is None"):
         zonnx.quantize_static(digits, tmp_path / "q.onnx", None)
+
+
+def test_saved_statistics_requantize_without_calibrating(tmp_path: Path, digits: Path) -> None:
+    stats = tmp_path / "stats.npz"
+    first = zonnx.quantize_static(digits, tmp_path / "a.onnx", DigitsReader(),
+                                  calibrate_method=CalibrationMethod.Percentile,
+                                  extra_options={"SaveStats": str(stats)})
+    again = zonnx.quantize_static(digits, tmp_path / "b.onnx", None, calibrate_method=CalibrationMethod.Percentile,
+                                  extra_options={"LoadStats": str(stats)})
+    for name, tp in first.plan.tensors.items():
+        np.testing.assert_array_equal(tp.params.scale, again.plan.tensors[name].params.scale, err_msg=name)
+    other = zonnx.quantize_static(digits, tmp_path / "c.onnx", None, calibrate_method=CalibrationMethod.MinMax,
+                                  extra_options={"LoadStats": str(stats)})
+    changed = [n for n, tp in other.plan.tensors.items() if tp.role.value == "activation"
+               and not np.array_equal(tp.params.scale, first.plan.tensors[n].params.scale)]
+    assert changed  # another method on the same statistics gives other ranges
+    with pytest.raises(ZonnxError, match="different model|fingerprint|made for"):
+        zonnx.quantize_static(zoo.get("ppocr_cls"), tmp_path / "d.onnx", None, extra_options={"LoadStats": str(stats)})
+
+
+def test_tpu_mlir_table_round_trip(tmp_path: Path, digits: Path) -> None:
+    table = tmp_path / "cali_table"
+    first = zonnx.quantize_static(digits, tmp_path / "a.onnx", DigitsReader(), activation_type=QuantType.QUInt8,
+                                  extra_options={"ExportCalibrationTable": str(table)})
+    lines = [ln for ln in table.read_text().splitlines() if not ln.startswith("#")]
+    assert lines and all(len(ln.split()) == 4 for ln in lines)
+    again = zonnx.quantize_static(digits, tmp_path / "b.onnx", None, activation_type=QuantType.QUInt8,
+                                  extra_options={"LoadCalibrationTable": str(table)})
+    for name, tp in first.plan.tensors.items():
+        if tp.role.value == "activation":
+            np.testing.assert_allclose(tp.params.scale, again.plan.tensors[name].params.scale, rtol=1e-6)

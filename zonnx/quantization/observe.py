@@ -96,6 +96,9 @@ def calibrate_plan(
     """Fill ``params`` of every activation in the plan; returns the statistics used."""
     name = activation_method(cfg)
     wanted = [n for n in plan.activations() if plan.tensors[n].fixed_range is None]
+    if cfg.extra.load_calibration_table:
+        _ranges_from_table(plan, cfg.extra.load_calibration_table, wanted)
+        wanted = []
     if stats_path is not None:
         from zonnx.quantization.calibration.stats_file import load_stats
 
@@ -126,6 +129,10 @@ def calibrate_plan(
         )
     else:
         stats = {}
+    if cfg.extra.export_calibration_table and stats:
+        from zonnx.quantization.calibration.stats_file import write_calibration_table
+
+        write_calibration_table(cfg.extra.export_calibration_table, stats, method=name)
     if cfg.extra.save_stats:
         from zonnx.quantization.calibration.stats_file import save_stats
 
@@ -150,6 +157,20 @@ def calibrate_plan(
         for tp in members:
             tp.params = dataclasses.replace(params) if tp.spec == spec else _respec(params, tp)
     return stats
+
+
+def _ranges_from_table(plan: QuantPlan, path: str, wanted: list[str]) -> None:
+    """TPU-MLIR table rows become fixed ranges: (-threshold, threshold) for symmetric tensors, else (min, max)."""
+    from zonnx.quantization.calibration.stats_file import read_calibration_table
+
+    table = read_calibration_table(path)
+    missing = [n for n in wanted if n not in table]
+    if missing:
+        raise OptionError(f"{path}: no row for {len(missing)} tensor(s) of this model, e.g. {missing[0]!r}; "
+                          "export the table from the same model.")
+    for n in wanted:
+        row, tp = table[n], plan.tensors[n]
+        tp.fixed_range = (-row.threshold, row.threshold) if tp.spec.symmetric else (row.min, row.max)
 
 
 def _respec(params: QuantParams, tp: TensorPlan) -> QuantParams:

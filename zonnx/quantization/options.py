@@ -56,6 +56,8 @@ class ExtraOptions:
     report_path: str | None = None
     save_stats: str | None = None
     load_stats: str | None = None
+    export_calibration_table: str | None = None
+    load_calibration_table: str | None = None
     fix_round_mode: str | None = None
 
 
@@ -93,6 +95,8 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "ReportPath": ("report_path", (str, type(None))),
     "SaveStats": ("save_stats", (str, type(None))),
     "LoadStats": ("load_stats", (str, type(None))),
+    "ExportCalibrationTable": ("export_calibration_table", (str, type(None))),
+    "LoadCalibrationTable": ("load_calibration_table", (str, type(None))),
     "FixRoundMode": ("fix_round_mode", (str, type(None))),
 }
 
