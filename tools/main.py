@@ -8,11 +8,12 @@ import logging
 import sys
 
 import typer
-from zonnx.tools import build_cmd, inspect_cmd, optimize_cmd, quantize_cmd
-from zonnx.tools.console import err_console
+from rich.markup import escape
 
 from zonnx import __version__
 from zonnx.errors import ZonnxError
+from zonnx.tools import build_cmd, convert_cmd, inspect_cmd, optimize_cmd, quantize_cmd
+from zonnx.tools.console import err_console
 
 app = typer.Typer(
     name="zonnx",
@@ -26,6 +27,7 @@ app.command("inspect")(inspect_cmd.inspect)
 app.command("optimize")(optimize_cmd.optimize)
 app.command("quantize")(quantize_cmd.quantize)
 app.command("build")(build_cmd.build)
+app.command("convert")(convert_cmd.convert)
 
 
 def _version(value: bool) -> None:
@@ -55,7 +57,7 @@ def main() -> None:
     try:
         app()
     except ZonnxError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")

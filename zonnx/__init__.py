@@ -27,6 +27,9 @@ _LAZY = {
     "VitisQuantFormat": "zonnx.quantization.enums:VitisQuantFormat",
     "PowerOfTwoMethod": "zonnx.quantization.enums:PowerOfTwoMethod",
     "CalibrationDataReader": "zonnx.quantization.calibration.readers:CalibrationDataReader",
+    # submodules reachable as attributes: zonnx.convert.from_torch(...), zonnx.zoo.get(...)
+    "convert": "zonnx.convert",
+    "zoo": "zonnx.zoo",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -36,6 +39,6 @@ def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'zonnx' has no attribute {name!r}")
     module, _, attr = _LAZY[name].partition(":")
-    value = getattr(importlib.import_module(module), attr)
+    value = getattr(importlib.import_module(module), attr) if attr else importlib.import_module(module)
     globals()[name] = value
     return value

@@ -25,6 +25,8 @@ PASSES: dict[str, str] = {
     "fuse-gelu": "zonnx.passes.fusion.gelu:FuseGeluPass",
     "canonicalize-gemm": "zonnx.passes.fusion.gemm:CanonicalizeGemmPass",
     "cancel-transpose-reshape": "zonnx.passes.fusion.transpose_reshape:CancelTransposeReshapePass",
+    # imports of models quantized elsewhere
+    "qoperator-to-qdq": "zonnx.converters.qoperator_to_qdq:QOperatorToQDQPass",
     # NPU constraint refinement of quantized models (option target=, default "dpu-b4096")
     "refine-leaky-relu": "zonnx.quantization.refine.leaky_relu:LeakyReluSlopePass",
     "refine-sigmoid": "zonnx.quantization.refine.sigmoid:SigmoidRangePass",

@@ -1,0 +1,470 @@
+"""Pick the frontend from what the user gives (``model.py:Name``, ``.pt``, ``.pt2``, ``.onnx``, a SavedModel
+folder, ``.keras``/``.h5``, ``.tflite``), load torch sources, and run the frontend with the options it takes.
+
+Kinds are told by suffix, then by content: a folder must hold ``saved_model.pb``; a file without a
+known suffix is TFLite when bytes 4..8 are ``TFL3``, TorchScript when it is a zip archive.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KINDS",
+    "ConvertOptions",
+    "detect_kind",
+    "load_python_entry",
+    "load_torch_file",
+    "onnx_dims",
+    "tf_frontend",
+    "run_frontend",
+]
+
+import contextlib
+import dataclasses
+import importlib.util
+import inspect
+import json
+import logging
+import sys
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from zonnx.converters.common import (
+    DEFAULT_MIN_COSINE,
+    ConversionError,
+    ConversionResult,
+)
+from zonnx.converters.preprocess import Preprocess
+from zonnx.errors import ModelLoadError, OptionError, did_you_mean
+
+logger = logging.getLogger(__name__)
+
+#: Input kinds and what they are.
+KINDS = {
+    "python": "model.py:ClassOrFactory (a torch nn.Module built with no arguments or --init-args)",
+    "torchscript": "TorchScript file (.pt, torch.jit.save)",
+    "torch_export": "torch.export program (.pt2, torch.export.save)",
+    "onnx": "ONNX model (.onnx)",
+    "saved_model": "TensorFlow SavedModel folder",
+    "keras": "Keras model (.keras, .h5)",
+    "tflite": "TFLite flatbuffer (.tflite)",
+}
+_SUFFIXES = {".py": "python", ".pt": "torchscript", ".pth": "torchscript", ".ts": "torchscript",
+             ".pt2": "torch_export", ".onnx": "onnx", ".keras": "keras", ".h5": "keras", ".hdf5": "keras",
+             ".tflite": "tflite"}  # fmt: skip
+_TF_HINT = "TensorFlow is not installed: pip install zonnx[tf] (tensorflow-cpu and tf2onnx)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """Options of ``convert``; every one has the CLI flag of the same name.
+
+    Attributes:
+        input_shapes: NAME -> sizes; fixes dynamic dims, and gives torch its example input shapes.
+        input_dtypes: NAME -> numpy dtype name for generated torch example inputs (default float32).
+        dynamic: NAME -> {axis: dim name}: dims to keep (or make) dynamic under that name.
+        inputs / outputs: cut the graph at these tensor names (default: the model's own).
+        input_names / output_names: names for a torch model's exported inputs/outputs.
+        init_args: keyword arguments for ``model.py:Class`` (default none).
+        opset: default-domain opset of the result (default 17).
+        check: run the numeric check against the source (default True).
+        test_inputs: real input samples for the check (and torch's example inputs).
+        min_cosine / max_lsb: check tolerances for float / quantized outputs (0.9999 / 1).
+        custom_ops: TF ops to keep as custom nodes (tf2onnx), default none.
+        preprocess / preprocess_input: preprocessing to fold into this image input (default none).
+    """
+
+    input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    input_dtypes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    dynamic: Mapping[str, Mapping[int, str]] = dataclasses.field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    input_names: tuple[str, ...] = ()
+    output_names: tuple[str, ...] = ()
+    init_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    opset: int = 17
+    check: bool = True
+    test_inputs: tuple[Mapping[str, np.ndarray], ...] = ()
+    min_cosine: float = DEFAULT_MIN_COSINE
+    max_lsb: int = 1
+    custom_ops: tuple[str, ...] = ()
+    preprocess: Preprocess | None = None
+    preprocess_input: str | None = None
+
+
+# ---------------------------------------------------------------- what the input is
+
+
+def _split_entry(spec: str) -> tuple[Path, str | None]:
+    """``path.py:Name`` -> (path, Name); other paths -> (path, None)."""
+    head, sep, tail = spec.rpartition(":")
+    if sep and head.endswith(".py") and tail.isidentifier():
+        return Path(head), tail
+    return Path(spec), None
+
+
+def detect_kind(spec: str) -> str:
+    """The input's kind (a key of KINDS) from its suffix, folder content or first bytes."""
+    path, _ = _split_entry(spec)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder; check the path.")
+    if path.is_dir():
+        if (path / "saved_model.pb").is_file() or (path / "saved_model.pbtxt").is_file():
+            return "saved_model"
+        raise ModelLoadError(
+            f"{path}: is a folder but not a TensorFlow SavedModel (expected saved_model.pb "
+            "inside); give the model file itself (.onnx, .pt, .pt2, .keras, .h5, .tflite, "
+            "model.py:Class) or a SavedModel folder."
+        )
+    kind = _SUFFIXES.get(path.suffix.lower())
+    if kind:
+        return kind
+    with path.open("rb") as f:
+        head = f.read(8)
+    if head[4:8] == b"TFL3":
+        return "tflite"
+    if zipfile.is_zipfile(path):
+        return "torchscript"
+    known = ", ".join(sorted(_SUFFIXES))
+    raise ModelLoadError(
+        f"{path}: unknown model format (suffix {path.suffix or 'none'}); give one of {known}, "
+        "or a SavedModel folder."
+    )
+
+
+# ---------------------------------------------------------------- torch sources
+
+
+def load_python_entry(spec: str, init_args: Mapping[str, Any] | None = None) -> Any:
+    """Import ``file.py`` and build ``Name`` (a class or factory) with ``init_args``; without ``:Name`` the
+    file's only nn.Module subclass is used. Every failure is one line naming the file and what to do."""
+    import torch
+
+    path, name = _split_entry(spec)
+    mod_name = f"zonnx_user_model_{abs(hash(path.resolve()))}"
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ModelLoadError(f"{path}: cannot be imported as a Python file.")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        loader_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ModelLoadError(f"{path}:{e.lineno}: syntax error ({e.msg}); fix the file.") from None
+    except Exception as e:
+        raise ModelLoadError(f"{path}: importing it failed ({type(e).__name__}: {_first_line(e)}).") from None
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    defined = {k: v for k, v in vars(module).items() if getattr(v, "__module__", None) == mod_name}
+    if name is None:
+        classes = [k for k, v in defined.items() if inspect.isclass(v) and issubclass(v, torch.nn.Module)]
+        if len(classes) != 1:
+            raise OptionError(
+                f"{path}: name the model to build as {path}:Name (the file defines "
+                f"{', '.join(classes) or 'no nn.Module class'})."
+            )
+        name = classes[0]
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise OptionError(
+            f"{path} has no class or function {name!r}.{did_you_mean(name, defined)} "
+            f"It defines: {', '.join(sorted(defined)) or 'nothing callable'}."
+        )
+    _check_init_args(path, name, factory, dict(init_args or {}))
+    try:
+        model = factory(**dict(init_args or {}))
+    except Exception as e:
+        raise ConversionError(f"{path}:{name}(...) failed: {type(e).__name__}: {_first_line(e)}.") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ConversionError(f"{path}:{name} returned a {type(model).__name__}, not a torch nn.Module.")
+    return model
+
+
+def _check_init_args(path: Path, name: str, factory: Callable, given: dict[str, Any]) -> None:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return
+    plain = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    missing = [p.name for p in plain if p.default is p.empty and p.name not in given]
+    if missing:
+        example = json.dumps({m: "..." for m in missing})
+        raise OptionError(
+            f"{path}:{name} needs constructor argument(s) {', '.join(missing)}; pass them as JSON: "
+            f"--init-args '{example}' (from Python: build the module yourself)."
+        )
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        for key in given:
+            if key not in params:
+                raise OptionError(
+                    f"--init-args: {path}:{name} takes no argument {key!r}."
+                    f"{did_you_mean(key, params)} It takes: {', '.join(params) or 'nothing'}."
+                )
+
+
+def _is_pickle_not_script(path: Path) -> bool:
+    """A torch.save zip (state_dict or pickled module) has data.pkl but no TorchScript code/ folder."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return any(n.endswith("data.pkl") for n in names) and not any("/code/" in n for n in names)
+
+
+def _program_dynamic_axes(program: Any) -> dict[str, dict[int, str]]:
+    """Dims a torch.export program keeps symbolic, by user input: axis 0 is ``batch``, others
+    ``<input>_d<axis>``; dims sharing one symbol share the first name given to it."""
+    names: dict[str, str] = {}
+    axes: dict[str, dict[int, str]] = {}
+    user = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" and node.name in user else None
+        for axis, dim in enumerate(getattr(val, "shape", ())):
+            if not isinstance(dim, int):
+                key = str(dim)
+                names.setdefault(key, "batch" if axis == 0 else f"{node.name}_d{axis}")
+                axes.setdefault(node.name, {})[axis] = names[key]
+    return axes
+
+
+def load_torch_file(path: Path) -> tuple[Any, tuple | None, dict[str, dict[int, str]]]:
+    """A TorchScript ``.pt`` (torch.jit.load) or ``.pt2`` (torch.export.load(...).module()).
+
+    Returns (module, the example args saved in a .pt2 or None, the .pt2's symbolic dims by input).
+    """
+    import torch
+
+    if path.suffix == ".pt2":
+        if not zipfile.is_zipfile(path):
+            raise ModelLoadError(
+                f"{path}: not a torch.export program (not a zip archive: corrupt or another "
+                "format); save one with torch.export.save(torch.export.export(model, args), path)."
+            )
+        export_log = logging.getLogger("torch.export")
+        level = export_log.level
+        export_log.setLevel(logging.CRITICAL)  # torch logs a traceback before raising
+        try:
+            program = torch.export.load(str(path))
+        except Exception as e:  # torch raises many types for a bad archive
+            raise ModelLoadError(
+                f"{path}: not a torch.export program ({_first_sentence(e)}); save one with "
+                "torch.export.save(torch.export.export(model, args), path)."
+            ) from None
+        finally:
+            export_log.setLevel(level)
+        args = tuple(program.example_inputs[0]) if program.example_inputs else None
+        return program.module(), args, _program_dynamic_axes(program)
+    if _is_pickle_not_script(path):
+        raise ModelLoadError(
+            f"{path}: holds pickled weights or a pickled module (torch.save), not a TorchScript "
+            "model: convert model.py:ClassName instead (build the model and load the weights "
+            "there), or save it with torch.jit.script(model).save(path)."
+        )
+    try:
+        return torch.jit.load(str(path), map_location="cpu"), None, {}
+    except Exception as e:
+        raise ModelLoadError(
+            f"{path}: not a TorchScript model ({_first_sentence(e)}); save the model with "
+            "torch.jit.script(model).save(path)."
+        ) from None
+
+
+def _torch_example(module: Any, saved: tuple | None, opts: ConvertOptions, where: str) -> Any:
+    """Example inputs: the first --test-input sample, else --input-shape (random data), else saved ones."""
+    from zonnx.converters.from_torch import torch_input_names
+
+    names = torch_input_names(module)
+    if opts.test_inputs:
+        return opts.test_inputs[0]  # keyed by forward()'s parameter names
+    if not opts.input_shapes:
+        if saved is not None:
+            return saved
+        example = (
+            " ".join(f"--input-shape {n}:1,3,224,224" for n in names[:2]) or "--input-shape x:1,3,224,224"
+        )
+        raise OptionError(f"{where}: give the input sizes of forward({', '.join(names)}), e.g. {example}.")
+    unknown = [n for n in opts.input_shapes if n not in names]
+    if unknown:
+        raise OptionError(
+            f"--input-shape {unknown[0]}: forward() has no input of that name."
+            f"{did_you_mean(unknown[0], names)} Its inputs are {names}."
+        )
+    sig_defaults = _defaults(module)
+    missing = [n for n in names if n not in opts.input_shapes and n not in sig_defaults]
+    if missing:
+        raise OptionError(
+            f"--input-shape: also give the sizes of {', '.join(missing)} (forward takes {names})."
+        )
+    rng = np.random.default_rng(0)
+    args = []
+    for n in [n for n in names if n in opts.input_shapes]:
+        dtype = np.dtype(opts.input_dtypes.get(n, "float32"))
+        shape = opts.input_shapes[n]
+        args.append(
+            rng.standard_normal(shape).astype(dtype)
+            if dtype.kind == "f"
+            else rng.integers(0, 10, shape).astype(dtype)
+        )
+    return tuple(args)
+
+
+def _defaults(module: Any) -> set[str]:
+    with contextlib.suppress(TypeError, ValueError):
+        return {
+            p.name for p in inspect.signature(module.forward).parameters.values() if p.default is not p.empty
+        }
+    return set()
+
+
+def _convert_torch(spec: str, kind: str, opts: ConvertOptions) -> tuple[ConversionResult, onnx.ModelProto]:
+    from zonnx.converters.from_torch import convert_module
+
+    path, _ = _split_entry(spec)
+    if kind == "python":
+        module, saved, dynamic = load_python_entry(spec, opts.init_args), None, {}
+    else:
+        module, saved, dynamic = load_torch_file(path)
+    for name, axes in opts.dynamic.items():
+        dynamic[name] = {**dynamic.get(name, {}), **axes}
+    args = _torch_example(module, saved, opts, spec)
+    extra = {"init_args": dict(opts.init_args)} if opts.init_args else {}
+    return convert_module(
+        module,
+        args,
+        input_names=opts.input_names or None,
+        output_names=opts.output_names or None,
+        dynamic_axes=dynamic or None,
+        opset=opts.opset,
+        check=opts.check,
+        check_inputs=list(opts.test_inputs[1:]),
+        min_cosine=opts.min_cosine,
+        max_lsb=opts.max_lsb,
+        source=spec,
+        options=extra,
+    )
+
+
+# ---------------------------------------------------------------- other frontends
+
+
+def onnx_dims(model: onnx.ModelProto, opts: ConvertOptions, *, fixed: bool = True) -> dict[str, list]:
+    """Full per-input dims for set_input_dims: --input-shape sizes (when ``fixed``), then --dynamic names."""
+    from zonnx.converters.from_onnx import input_dims
+
+    inputs = {vi.name: vi for vi in model.graph.input}
+    dims: dict[str, list] = {n: list(s) for n, s in opts.input_shapes.items()} if fixed else {}
+    for name, axes in opts.dynamic.items():
+        if name not in inputs:
+            raise OptionError(
+                f"--dynamic {name}: the model has no input of that name.{did_you_mean(name, inputs)} "
+                f"Its inputs are {list(inputs)}."
+            )
+        current = dims.get(name) or [
+            d if d is not None else f"{name}_d{i}" for i, d in enumerate(input_dims(inputs[name]))
+        ]
+        for axis, dim_name in axes.items():
+            if not 0 <= axis < len(current):
+                raise OptionError(
+                    f"--dynamic {name}:{axis}={dim_name}: input {name!r} has {len(current)} dims."
+                )
+            current[axis] = dim_name
+        dims[name] = current
+    return dims
+
+
+def _convert_onnx(spec: str, opts: ConvertOptions) -> tuple[ConversionResult, onnx.ModelProto]:
+    from zonnx.converters.from_onnx import convert_onnx
+    from zonnx.ir.io import load_proto
+
+    model = load_proto(spec)
+    return convert_onnx(
+        model,
+        inputs=opts.inputs or None,
+        outputs=opts.outputs or None,
+        input_shapes=onnx_dims(model, opts) or None,
+        opset=opts.opset,
+        check=opts.check,
+        check_inputs=list(opts.test_inputs) or None,
+        min_cosine=opts.min_cosine,
+        source=spec,
+    )
+
+
+def tf_frontend(kind: str) -> Callable[..., ConversionResult]:
+    """The TensorFlow-side frontend for ``kind``, imported on first use."""
+    try:
+        if kind == "tflite":
+            from zonnx.converters.from_tflite import from_tflite
+
+            return from_tflite
+        from zonnx.converters import from_tf
+    except ImportError as e:
+        raise ConversionError(f"{_TF_HINT} ({e.name or e} is missing).") from None
+    return from_tf.from_saved_model if kind == "saved_model" else from_tf.from_keras
+
+
+def _convert_tf(kind: str, spec: str, opts: ConvertOptions) -> tuple[ConversionResult, set[str]]:
+    """Call the TF frontend with the options its signature takes; returns the options it took."""
+    frontend = tf_frontend(kind)
+    params = set(inspect.signature(frontend).parameters)
+    if opts.custom_ops and "custom_ops" not in params:
+        raise OptionError(f"--custom-ops is not supported for {KINDS[kind]} input.")
+    wanted = {
+        "input_shapes": dict(opts.input_shapes) or None,
+        "inputs": list(opts.inputs) or None,
+        "outputs": list(opts.outputs) or None,
+        "opset": opts.opset,
+        "check": opts.check,
+        "check_inputs": list(opts.test_inputs) or None,
+        "min_cosine": opts.min_cosine,
+        "max_lsb": opts.max_lsb,
+        "custom_ops": list(opts.custom_ops),
+    }
+    taken = {k: v for k, v in wanted.items() if k in params and v is not None}
+    return frontend(spec, **taken), set(taken) & {"input_shapes", "inputs", "outputs"}
+
+
+def _check_applicable(kind: str, opts: ConvertOptions) -> None:
+    """Refuse options that mean nothing for this kind of input instead of ignoring them."""
+    torch_kinds = ("python", "torchscript", "torch_export")
+    for given, option, kinds in ((opts.init_args, "--init-args", ("python",)),
+                                 (opts.input_names or opts.output_names, "--input-names/--output-names", torch_kinds),
+                                 (opts.input_dtypes, "an --input-shape dtype", torch_kinds),
+                                 (opts.custom_ops, "--custom-ops", ("saved_model", "keras", "tflite"))):  # fmt: skip
+        if given and kind not in kinds:
+            raise OptionError(
+                f"{option} does not apply to a {KINDS[kind]}; it is for {', '.join(kinds)} input."
+            )
+
+
+def run_frontend(
+    spec: str, options: ConvertOptions | None = None
+) -> tuple[ConversionResult, onnx.ModelProto | None, set[str]]:
+    """Run the frontend for ``spec``'s kind. Returns its result, the model it started from (the raw
+    torch export or the input ONNX; None for TF/TFLite) and which of the options input_shapes,
+    dynamic, inputs and outputs it applied itself."""
+    opts = options or ConvertOptions()
+    kind = detect_kind(spec)
+    _check_applicable(kind, opts)
+    if kind in ("python", "torchscript", "torch_export"):
+        result, raw = _convert_torch(spec, kind, opts)
+        return result, raw, {"input_shapes", "dynamic"}
+    if kind == "onnx":
+        result, raw = _convert_onnx(spec, opts)
+        return result, raw, {"input_shapes", "dynamic", "inputs", "outputs"}
+    result, done = _convert_tf(kind, spec, opts)
+    return result, None, done
+
+
+def _first_sentence(e: BaseException) -> str:
+    return _first_line(e).split(". ")[0].rstrip(".")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
