@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
 from zonnx.custom_ops import add_functions, make_node
 
 logger = logging.getLogger(__name__)

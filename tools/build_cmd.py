@@ -7,9 +7,9 @@ __all__ = ["build"]
 from pathlib import Path
 
 import typer
-from zonnx.tools.console import console
 
 from zonnx.build import BuildOptions, run_build
+from zonnx.tools.console import console
 
 
 def build(

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import typer
-from zonnx.tools.console import console
-from zonnx.tools.options import parse_input_shapes
 
 from zonnx.inspection import inspect_model, render
+from zonnx.tools.console import console
+from zonnx.tools.options import parse_input_shapes
 
 
 def inspect(

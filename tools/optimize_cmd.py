@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 
 import typer
-from zonnx.tools.console import console, err_console
-from zonnx.tools.options import load_feeds, parse_input_shapes, parse_name_list
 
 from zonnx.errors import OptionError
 from zonnx.ir.io import load_proto, save_model
@@ -17,6 +15,8 @@ from zonnx.optimization import DEFAULT_OPSET, OptimizeOptions, optimize_with_rep
 from zonnx.passes.catalog import PASSES, PIPELINES, pass_class
 from zonnx.passes.pipeline import VerifyOptions
 from zonnx.passes.report import pipeline_report_dict, render_pipeline_report
+from zonnx.tools.console import console, err_console
+from zonnx.tools.options import load_feeds, parse_input_shapes, parse_name_list
 
 
 def _list_passes() -> None:

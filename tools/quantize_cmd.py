@@ -13,14 +13,14 @@ import typer
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from zonnx.tools.console import console, err_console
-from zonnx.tools.options import parse_name_list
 
 from zonnx.errors import OptionError
 from zonnx.ir.io import load_proto
 from zonnx.quantization.api import build_config, quantize_static
 from zonnx.quantization.config import load_config_file
 from zonnx.quantization.sources import reader_from_source
+from zonnx.tools.console import console, err_console
+from zonnx.tools.options import parse_name_list
 
 
 def _floats(value: str | None, what: str) -> tuple[float, ...] | None:

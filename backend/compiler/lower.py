@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from zonnx.backend.targets import Target, load_target
 
+from zonnx.backend.targets import Target, load_target
 from zonnx.errors import ZonnxError
 
 from . import params as om

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 import onnx
+
 from zonnx.backend.targets import Target
 from zonnx.custom_ops import grid
-
 from zonnx.errors import ZonnxError
 
 from .program import TensorInfo

@@ -37,12 +37,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
+
 from zonnx.backend.partition.limits import check_limits, select_kind
 from zonnx.backend.partition.qparams import QInfo, dtype_name, quant_rule
 from zonnx.backend.partition.shapes import ShapeTable
 from zonnx.backend.targets import Target, load_target
 from zonnx.custom_ops import ZONNX_DOMAIN
-
 from zonnx.passes.fusion.matching import const_array
 from zonnx.quantization.refine.positions import is_refine_node
 

@@ -31,9 +31,9 @@ import math
 
 import numpy as np
 import onnx_ir as ir
+
 from zonnx.backend.partition.shapes import ShapeTable
 from zonnx.backend.targets import OpLimits, Target
-
 from zonnx.passes.fusion.matching import const_array
 
 logger = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ import logging
 from collections.abc import Iterable
 
 import onnx_ir as ir
-from zonnx.backend.partition.capability import CapabilityResult, node_keys
 
+from zonnx.backend.partition.capability import CapabilityResult, node_keys
 from zonnx.errors import OptionError
 from zonnx.passes.fusion.matching import const_array
 

@@ -9,9 +9,9 @@ import logging
 
 import numpy as np
 import onnx_ir as ir
+
 from zonnx.backend.targets import Target
 from zonnx.custom_ops import ZONNX_DOMAIN
-
 from zonnx.passes.fusion.matching import const_array
 from zonnx.quantization.refine.positions import pos_of_scale
 

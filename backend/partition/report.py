@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from zonnx.backend.partition.partitioner import Partition
 
+from zonnx.backend.partition.partitioner import Partition
 from zonnx.inspection.render import PLAIN_BOX
 
 logger = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
 from zonnx.backend.compiler.program import Op, Program
 from zonnx.backend.compiler.requant import requantize, rshift_round
-
 from zonnx.errors import ZonnxError
 
 logger = logging.getLogger(__name__)

@@ -11,12 +11,12 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper
 from onnxruntime.quantization import QuantFormat, QuantType
-from zonnx.backend.partition import Partition
-from zonnx.backend.partition.capability import node_keys
 
 import zonnx
 import zonnx.zoo
 from zonnx import PowerOfTwoMethod, VitisQuantFormat
+from zonnx.backend.partition import Partition
+from zonnx.backend.partition.capability import node_keys
 
 
 class _Reader:

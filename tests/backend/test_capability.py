@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from zonnx.backend.partition import propose
 
 import zonnx.zoo
 from tests.backend.partition_models import Models, diamond_model
+from zonnx.backend.partition import propose
 from zonnx.ir.io import load_model
 
 TARGETS = ("dpu-b4096", "zhouyi-x2", "bm1684x")

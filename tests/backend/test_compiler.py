@@ -10,11 +10,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType
-from zonnx.backend.compiler import CompileError, Program, compile_subgraph, whole_model_subgraph
-from zonnx.backend.runtime import execute_op, run_program
 
 import zonnx
 from zonnx import zoo
+from zonnx.backend.compiler import CompileError, Program, compile_subgraph, whole_model_subgraph
+from zonnx.backend.runtime import execute_op, run_program
 from zonnx.zoo.digits import digits_data
 
 

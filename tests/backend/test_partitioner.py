@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from zonnx.backend.partition import format_partition, partition, propose, to_dict
 
 import zonnx.zoo
 from tests.backend.partition_models import Models, acyclic, diamond_model
+from zonnx.backend.partition import format_partition, partition, propose, to_dict
 from zonnx.errors import OptionError
 from zonnx.ir.io import load_model
 

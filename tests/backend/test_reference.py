@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+
 from zonnx.backend.compiler import (
     Op,
     Program,

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from zonnx.backend.compiler.requant import (
     ROUND_MODES,
     mag_max,
@@ -15,7 +16,6 @@ from zonnx.backend.compiler.requant import (
     round_fraction,
     rshift_round,
 )
-
 from zonnx.errors import OptionError
 
 _TABLE = {  # x / 4 for x = -6, -5, -2, 2, 5, 6 (ties at -1.5, -0.5, 0.5, 1.5)

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from zonnx.backend.targets import TARGETS_DIR, Target, known_targets, load_target
 
+from zonnx.backend.targets import TARGETS_DIR, Target, known_targets, load_target
 from zonnx.errors import OptionError
 
 

@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+
 from zonnx.custom_ops import add_functions, make_node, reference_run, run_functions, run_reference
 from zonnx.custom_ops.grid import ROUND_MODES, default_storage, dequantize_reference, qrange
 

@@ -8,6 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from onnx import TensorProto
+
 from zonnx.custom_ops import reference_run
 from zonnx.custom_ops.grid import ROUND_MODES, canonical_round_mode, default_storage, qrange, storage_holds
 

@@ -10,6 +10,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+
 from zonnx.custom_ops import (
     REGISTRY,
     ZONNX_DOMAIN,
@@ -20,7 +21,6 @@ from zonnx.custom_ops import (
     run_functions,
     run_reference,
 )
-
 from zonnx.errors import OptionError, UnsupportedModelError
 from zonnx.ir.io import load_proto, save_model, to_ir, to_proto
 

@@ -15,9 +15,9 @@ import pytest
 from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from rich.console import Console
-from zonnx.custom_ops import add_functions, make_node
 
 import zonnx.zoo
+from zonnx.custom_ops import add_functions, make_node
 from zonnx.errors import ModelSaveError, OptionError
 from zonnx.ir.io import save_model, to_ir, to_proto
 from zonnx.passes.catalog import make_pass

@@ -28,9 +28,9 @@ import onnxruntime as ort
 import torch
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
 from zonnx.backend.targets import TARGETS_DIR
 from zonnx.custom_ops import add_functions, make_node, reference_run
-
 from zonnx.ir.io import to_ir, to_proto
 from zonnx.quantization.refine.positions import QuantGraph
 from zonnx.verify import check_loadable

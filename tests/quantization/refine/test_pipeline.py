@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from zonnx.backend.targets import Target, load_target
 
 import zonnx
 from tests.quantization.refine import (
@@ -25,6 +24,7 @@ from tests.quantization.refine import (
     set_positions,
 )
 from zonnx import zoo
+from zonnx.backend.targets import Target, load_target
 from zonnx.ir.io import to_ir, to_proto
 from zonnx.quantization.refine.avgpool import AvgPoolFactorPass
 from zonnx.quantization.refine.leaky_relu import LeakyReluSlopePass

@@ -8,7 +8,6 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from zonnx.custom_ops import add_functions
 
 from tests.quantization.refine import (
     FORMS,
@@ -22,6 +21,7 @@ from tests.quantization.refine import (
     set_positions,
     user_target,
 )
+from zonnx.custom_ops import add_functions
 from zonnx.ir.io import to_ir
 from zonnx.quantization.refine.eltwise import EltwiseShiftPass
 from zonnx.quantization.refine.positions import QuantGraph
