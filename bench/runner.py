@@ -307,6 +307,11 @@ REGISTRY: dict[str, Benchmark] = {
             "ResNet-18 int8 QDQ from zonnx in plain ORT vs float and vs ORT's quantizer output",
         ),
         Benchmark(
+            "npu_speed",
+            "bench.bench_npu_speed:bench_npu_speed",
+            "compiled ResNet-18 (NPU program lowered to ORT integer ops) vs ORT QDQ int8, per target",
+        ),
+        Benchmark(
             "custom_ops",
             "bench.bench_custom_ops:bench_custom_ops",
             "20 zonnx FixNeuron functions on 1x64x56x56 in ORT vs the same chain of QuantizeLinear/DequantizeLinear",

@@ -12,12 +12,12 @@ from rich.markup import escape
 
 from zonnx import __version__
 from zonnx.errors import ZonnxError
-from zonnx.tools import build_cmd, convert_cmd, inspect_cmd, optimize_cmd, quantize_cmd
+from zonnx.tools import build_cmd, compile_cmd, convert_cmd, inspect_cmd, optimize_cmd, quantize_cmd
 from zonnx.tools.console import err_console
 
 app = typer.Typer(
     name="zonnx",
-    help="ONNX-centric NPU deployment toolchain: inspect, optimize, quantize, build.",
+    help="ONNX-centric NPU deployment toolchain: convert, inspect, optimize, quantize, compile, build.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -26,6 +26,7 @@ app = typer.Typer(
 app.command("inspect")(inspect_cmd.inspect)
 app.command("optimize")(optimize_cmd.optimize)
 app.command("quantize")(quantize_cmd.quantize)
+app.command("compile")(compile_cmd.compile)
 app.command("build")(build_cmd.build)
 app.command("convert")(convert_cmd.convert)
 

@@ -21,6 +21,7 @@ _LAZY = {
     "save_model": "zonnx.ir.io:save_model",
     "ZonnxError": "zonnx.errors:ZonnxError",
     "quantize_static": "zonnx.quantization.api:quantize_static",
+    "InferenceSession": "zonnx.backend.session:InferenceSession",
     "QuantFormat": "zonnx.quantization.enums:QuantFormat",
     "QuantType": "zonnx.quantization.enums:QuantType",
     "CalibrationMethod": "zonnx.quantization.enums:CalibrationMethod",

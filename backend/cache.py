@@ -1,0 +1,228 @@
+"""The compiled-model cache: ``<cache_dir>/<cache_key>/`` holds a compiled model and what it was made from.
+
+An entry is a folder with ``compiled.onnx`` (the compiled model, see ``zonnx.backend.compiled``),
+optionally ``executable.onnx`` (its ORT-native lowering, so a warm session skips lowering too) and
+``entry.json``: the key, the sha256 of the source model bytes, the target (name and sha256 of its file),
+the zonnx version, the program format version and the sha256 of each stored file.
+
+Rules. The default key is a hash of the source model bytes, the target file and the zonnx version (as
+VOE's default key is the model's MD5). An entry is used only when every recorded field matches the
+current request and every file matches its sha256; otherwise it is *stale or corrupt*: a warning names
+the reason, the caller recompiles and the entry is overwritten. Writes go to a temporary file then
+``os.replace``, so a reader never sees half a file. A folder that cannot be created or written turns
+caching off for the session with a warning. The default folder is ``$ZONNX_CACHE_DIR`` or
+``/tmp/<user>/zonnx/.cache`` (VOE's is ``/tmp/<user>/vaip/.cache``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ModelCache",
+    "default_cache_dir",
+    "default_key",
+    "sha256_bytes",
+    "target_digest",
+    "known_source_digest",
+    "remember_source_digest",
+]
+
+import getpass
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from zonnx import __version__
+from zonnx.backend.compiler.program import FORMAT_VERSION
+from zonnx.backend.targets import Target
+
+logger = logging.getLogger(__name__)
+
+ENTRY = "entry.json"
+COMPILED = "compiled.onnx"
+EXECUTABLE = "executable.onnx"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def target_digest(target: Target) -> str:
+    """sha256 of the target's file (an edited target file invalidates its entries)."""
+    if target.path is not None and Path(target.path).is_file():
+        return sha256_bytes(Path(target.path).read_bytes())
+    return sha256_bytes(repr(target).encode())
+
+
+def default_key(model_sha256: str, target: Target) -> str:
+    """Hash of model bytes + target file + zonnx version (32 hex digits)."""
+    text = f"{model_sha256}|{target.name}|{target_digest(target)}|{__version__}|{FORMAT_VERSION}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("ZONNX_CACHE_DIR")
+    if env:
+        return Path(env)
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return Path(tempfile.gettempdir()) / user / "zonnx" / ".cache"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+SOURCES = "sources.json"
+
+
+def _stat_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+
+
+def known_source_digest(cache_dir: str | os.PathLike[str], path: Path) -> str | None:
+    """The sha256 recorded for this exact file (path, size, mtime_ns, inode), as git's index does; else None."""
+    try:
+        index = json.loads((Path(cache_dir).expanduser() / SOURCES).read_text(encoding="utf-8"))
+        return index.get(_stat_key(path))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def remember_source_digest(cache_dir: str | os.PathLike[str], path: Path, digest: str) -> None:
+    """Record a source file's sha256 under its stat key (best effort; the last 256 files)."""
+    folder = Path(cache_dir).expanduser()
+    try:
+        try:
+            index = json.loads((folder / SOURCES).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            index = {}
+        index[_stat_key(path)] = digest
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(folder / SOURCES, json.dumps(dict(list(index.items())[-256:])).encode())
+    except OSError:
+        pass
+
+
+class ModelCache:
+    """One cache entry: ``cache_dir/key``; ``load`` checks it, ``store`` writes it (never raises on I/O)."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str], key: str, expect: dict[str, Any]) -> None:
+        self.folder = Path(cache_dir).expanduser() / key
+        self.key = key
+        self.expect = {"key": key, "zonnx_version": __version__, "program_version": FORMAT_VERSION, **expect}
+        self.enabled = True
+        self.last_miss = ""
+
+    def _miss(self, reason: str, warn: bool) -> None:
+        self.last_miss = reason
+        (logger.warning if warn else logger.info)("cache entry %s: %s", self.folder, reason)
+
+    def load(self, executable_id: str = "") -> tuple[onnx.ModelProto | None, bytes | None] | None:
+        """(compiled model or None, executable bytes or None) when the entry is valid, else None.
+
+        With a valid executable the compiled model is not read (``load_compiled`` reads it on demand).
+
+        The executable is returned only when it was stored with the same ``executable_id`` (the
+        lowering's version): another lowering reuses the compiled model and lowers it again.
+        """
+        entry_path = self.folder / ENTRY
+        if not entry_path.is_file():
+            self._miss("no entry; compiling", warn=False)
+            return None
+        try:
+            entry = json.loads(entry_path.read_text(encoding="utf-8"))
+            files = entry["files"]
+            for k, v in self.expect.items():
+                if entry.get(k) != v:
+                    self._miss(f"stale ({k} is {entry.get(k)!r}, expected {v!r}); recompiling", warn=True)
+                    return None
+            exe = None
+            same = executable_id and entry.get("executable_id") == executable_id
+            if same and EXECUTABLE in files and (self.folder / EXECUTABLE).is_file():
+                exe = (self.folder / EXECUTABLE).read_bytes()
+                if sha256_bytes(exe) != files[EXECUTABLE]:
+                    logger.warning("cache entry %s: %s is corrupted; lowering again", self.folder, EXECUTABLE)
+                    exe = None
+            model = None
+            if exe is None:  # the compiled model is needed now; else read on demand (load_compiled)
+                model = self.load_compiled()
+                if model is None:
+                    return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            self._miss(f"unreadable ({type(e).__name__}: {e}); recompiling", warn=True)
+            return None
+        except Exception as e:  # protobuf DecodeError
+            self._miss(f"corrupted ({type(e).__name__}); recompiling", warn=True)
+            return None
+        logger.info("cache entry %s: hit", self.folder)
+        return model, exe
+
+    def load_compiled(self) -> onnx.ModelProto | None:
+        """The entry's compiled model after its sha256 check, or None (with the reason logged)."""
+        try:
+            entry = json.loads((self.folder / ENTRY).read_text(encoding="utf-8"))
+            blob = (self.folder / COMPILED).read_bytes()
+            if sha256_bytes(blob) != entry["files"][COMPILED]:
+                self._miss(f"{COMPILED} does not match its sha256 (corrupted); recompiling", warn=True)
+                return None
+            model = onnx.ModelProto()
+            model.ParseFromString(blob)
+            return model
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self._miss(f"unreadable ({type(e).__name__}: {e}); recompiling", warn=True)
+        except Exception as e:  # protobuf DecodeError
+            self._miss(f"corrupted ({type(e).__name__}); recompiling", warn=True)
+        return None
+
+    def partition_json(self) -> str | None:
+        try:
+            return json.loads((self.folder / ENTRY).read_text(encoding="utf-8")).get("partition")
+        except (OSError, ValueError):
+            return None
+
+    def store(
+        self, compiled: onnx.ModelProto, executable: bytes | None = None, executable_id: str = ""
+    ) -> bool:
+        """Write the entry; on any OS error warn, turn caching off and return False."""
+        if not self.enabled:
+            return False
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            blob = compiled.SerializeToString()
+            files = {COMPILED: sha256_bytes(blob)}
+            (self.folder / ENTRY).unlink(missing_ok=True)  # no valid entry while files change
+            _write_atomic(self.folder / COMPILED, blob)
+            if executable is not None:
+                _write_atomic(self.folder / EXECUTABLE, executable)
+                files[EXECUTABLE] = sha256_bytes(executable)
+            entry = {**self.expect, "files": files, "executable_id": executable_id if executable else ""}
+            info = {p.key: p.value for p in compiled.metadata_props}
+            entry["partition"] = info.get("zonnx.partition")
+            _write_atomic(self.folder / ENTRY, json.dumps(entry, indent=1, sort_keys=True).encode())
+        except OSError as e:
+            self.enabled = False
+            logger.warning(
+                "cache folder %s is not writable (%s); running without caching (set cache_dir to a "
+                "writable folder to cache the compiled model).",
+                self.folder.parent,
+                e.strerror or e,
+            )
+            return False
+        logger.info("cache entry %s: stored", self.folder)
+        return True

@@ -1,0 +1,398 @@
+"""Lower an NPU ``Program`` to ONNX nodes that ORT's CPU provider runs natively, bit-exact to the reference.
+
+Every program tensor is held as ``q + offset`` in its storage type (``ort_kernels``: 8-bit codes as
+uint8), so the integer kernels take their fast unsigned-activation paths. Per op kind:
+
+- ``conv`` (group 1): NHWC im2col (Pad with ``Z_x + off``, one strided Slice per tap, Concat) and one
+  ``MatMulInteger(u8 x s8, a_zp = Z_x + off)``: measured 2.3-7x faster per 3x3 layer than ConvInteger.
+  Grouped: ``ConvInteger(x_u8, w + 128 as u8, x_zp = Z_x + off, w_zp = 128)`` in NCHW. Both give
+  ``sum (q - Z_x) w`` with zero-point padding, i.e. the program's ``conv(pad(q, Z_x), w)`` minus
+  ``Z_x sum(w)``; that term and the folded bias go into the one requantization constant. QLinearConv is
+  not used: it rounds ``float32(acc) * float32(scale)`` half to even, which differs from the targets'
+  integer ``(acc M) >> s`` for general multipliers (ResNet-18: about 17% of codes, PLATFORM.md).
+  Layout: a tensor is transposed only where an op needs the other layout (once per tensor); pools on
+  NHWC tensors use ReduceSum/ReduceMax over axes 1, 2 or ``com.microsoft`` NhwcMaxPool.
+- ``matmul``: ``MatMulInteger(x_u8, w_s8, a_zp = off)`` (the fast u8 x s8 kernel), exact int32 sums.
+- ``add`` / ``rescale`` / ``avgpool``: one linear form ``sum M_i x_i + C`` requantized once (the
+  zero points and storage offsets fold into ``C``); window sums by ``ReduceSum`` (global) or a
+  depthwise ``ConvInteger`` with a ones kernel and ``x_zp = Z_in + off`` (padding then adds 0).
+- requantization: ``ort_kernels.emit_requant`` (float64 when provably exact, else int64).
+- ``maxpool`` (MaxPool / ReduceMax: the storage minimum pads like the program's ``qmin``), ``clamp``
+  (Clip), ``concat``, ``reshape``, ``flatten``, ``transpose``, ``squeeze``, ``unsqueeze``, ``copy``,
+  ``resize_nearest`` (Resize with the same coordinate rules) act on stored codes: an offset commutes
+  with each of them. ``lut``: ``Gather`` from a table indexed by the stored code.
+
+The nodes are returned inline (no FunctionProto): ORT inlines functions anyway and the provider can wrap
+them. Names: graph inputs/outputs are ``f"{name}/{tensor}"``; internal names start with ``f"{name}/"``.
+Public API: ``lower_program``, ``LoweredProgram``, ``program_to_model``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LoweredProgram", "lower_program", "program_to_model", "KernelError"]
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from zonnx.backend.compiler.program import Op, Program, TensorInfo
+
+from .ort_kernels import (
+    Builder,
+    KernelError,
+    Storage,
+    Term,
+    emit_im2col_matmul,
+    emit_requant,
+    from_storage,
+    storage_of,
+    to_storage,
+)
+
+logger = logging.getLogger(__name__)
+IR_VERSION = 10
+MS_DOMAIN = "com.microsoft"  # NhwcMaxPool: an ORT CPU contrib kernel (uint8/int8)
+
+
+@dataclasses.dataclass
+class LoweredProgram:
+    """ONNX nodes, initializers and boundary value infos of one program (names prefixed by ``name``)."""
+
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+    inputs: list[onnx.ValueInfoProto]
+    outputs: list[onnx.ValueInfoProto]
+    functions: list[onnx.FunctionProto] = dataclasses.field(default_factory=list)
+    input_names: dict[str, str] = dataclasses.field(default_factory=dict)  # program tensor -> graph name
+    output_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    opset: int = 17
+    opset_imports: dict[str, int] = dataclasses.field(default_factory=lambda: {"": 17})
+
+
+@dataclasses.dataclass
+class _Val:
+    name: str  # ORT tensor holding q + st.offset
+    st: Storage
+    info: TensorInfo
+    nhwc: bool = False  # a rank-4 tensor held channels-last (the program's layout is NCHW)
+    other: str | None = None  # the same tensor in the other layout, once made
+
+
+def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
+    shape = None if info.shape is None else [d if isinstance(d, (int, str)) else None for d in info.shape]
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)), shape)
+
+
+class _Lowerer:
+    def __init__(self, program: Program, name: str, nhwc: bool = True) -> None:
+        self.p, self.b, self.nhwc_ok = program, Builder(name), nhwc
+        self.env: dict[str, _Val] = {}
+
+    def info(self, tensor: str) -> TensorInfo:
+        if tensor not in self.p.tensors:
+            raise KernelError(f"program tensor {tensor!r} has no TensorInfo; recompile the model.")
+        return self.p.tensors[tensor]
+
+    def u8(self, v: _Val, op: Op) -> None:
+        if v.st.dtype != np.uint8:
+            raise KernelError(
+                f"op {op.name!r} ({op.kind}): ORT's integer kernels take 8-bit activations, "
+                f"tensor {v.info.name!r} is {v.info.dtype}."
+            )
+
+    def xmax(self, v: _Val) -> int:
+        return v.info.qmax + v.st.offset
+
+    def layout(self, v: _Val, nhwc: bool) -> _Val:
+        """``v`` in the wanted layout (one Transpose, made once per tensor)."""
+        if v.nhwc == nhwc:
+            return v
+        if v.other is None:
+            v.other = self.b.op("Transpose", [v.name], perm=[0, 2, 3, 1] if nhwc else [0, 3, 1, 2])
+        return _Val(v.other, v.st, v.info, nhwc, v.name)
+
+    def lower(self, op: Op) -> None:
+        args = [self.env[i] for i in op.inputs]
+        oinfo = self.info(op.outputs[0])
+        ost = storage_of(oinfo.dtype)
+        fn = getattr(self, f"_{op.kind}", None)
+        if fn is None:
+            raise KernelError(f"op {op.name!r}: op kind {op.kind!r} has no ORT lowering.")
+        if op.kind in _ELEMENTWISE:  # the layout of the first input
+            nhwc = args[0].nhwc
+        else:
+            nhwc = self.nhwc_ok and op.kind in _CHANNELS_LAST and _wants_nhwc(op, args[0])
+        args = [self.layout(v, nhwc) for v in args]
+        name = fn(op, args, ost, oinfo)
+        self.env[op.outputs[0]] = _Val(name, ost, oinfo, nhwc)
+
+    def _req(self, op: Op, terms: list[Term], const: object, ost: Storage, bshape: tuple) -> str:
+        a = op.attrs
+        return emit_requant(
+            self.b,
+            terms,
+            np.asarray(const, dtype=object),
+            op.params["shift"],
+            a["round_mode"],
+            a["zp_out"],
+            a["lo"],
+            a["hi"],
+            ost,
+            bshape,
+            where=op.name,
+        )
+
+    # -- linear ops ------------------------------------------------------------------------------
+    def _conv(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        (x,), a, w = args, op.attrs, op.params["w"].astype(np.int64)
+        self.u8(x, op)
+        if w.min() < -128 or w.max() > 127:
+            raise KernelError(f"op {op.name!r}: weights outside int8 cannot run on ConvInteger.")
+        zs = int(a["pad_value"]) + x.st.offset
+        wsum = w.reshape(w.shape[0], -1).sum(axis=1)
+        k = int(np.prod(w.shape[1:]))
+        xm = k * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
+        m = op.params["multiplier"].astype(object)
+        const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+        if x.nhwc:
+            mm = emit_im2col_matmul(self.b, x.name, w, zs, a["strides"], a["pads"], a["dilations"])
+            return self._req(op, [Term(mm, m, xm)], const, ost, (-1,))
+        ci = self.b.op(
+            "ConvInteger",
+            [
+                x.name,
+                self.b.const((w + 128).astype(np.uint8), np.uint8, "w"),
+                self.b.const(zs, np.uint8, "xzp"),
+                self.b.const(128, np.uint8, "wzp"),
+            ],
+            kernel_shape=list(w.shape[2:]),
+            strides=a["strides"],
+            pads=a["pads"],
+            dilations=a["dilations"],
+            group=a["group"],
+        )
+        return self._req(op, [Term(ci, m, xm)], const, ost, (-1, 1, 1))
+
+    def _matmul(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        (x,), w = args, op.params["w"]
+        self.u8(x, op)
+        if w.dtype != np.int8:
+            raise KernelError(
+                f"op {op.name!r}: matmul weights must be int8 for MatMulInteger (got {w.dtype})."
+            )
+        mm = self.b.op(
+            "MatMulInteger",
+            [x.name, self.b.const(w, np.int8, "w"), self.b.const(x.st.offset, np.uint8, "xzp")],
+        )
+        qm = max(abs(x.info.qmin), abs(x.info.qmax))
+        xm = w.shape[0] * qm * int(np.abs(w.astype(np.int64)).max(initial=0))
+        m = op.params["multiplier"].astype(object)
+        return self._req(op, [Term(mm, m, xm)], m * op.params["bias"].astype(object), ost, ())
+
+    # -- elementwise requantizing ops --------------------------------------------------------------
+    def _add(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        a, m = op.attrs, [int(v) for v in op.params["multiplier"]]
+        xa, xb = args
+        const = -m[0] * (xa.st.offset + a["zp_a"]) - m[1] * (xb.st.offset + a["zp_b"])
+        terms = [Term(xa.name, np.array(m[0]), self.xmax(xa)), Term(xb.name, np.array(m[1]), self.xmax(xb))]
+        return self._req(op, terms, const, ost, ())
+
+    def _rescale(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        (x,), m = args, int(op.params["multiplier"][0])
+        const = -m * (x.st.offset + op.attrs["zp_in"])
+        return self._req(op, [Term(x.name, np.array(m), self.xmax(x))], const, ost, ())
+
+    def _avgpool(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        (x,), a, m = args, op.attrs, int(op.params["multiplier"][0])
+        zs = x.st.offset + a["zp_in"]
+        area = math.prod(a["kernel"])
+        if a.get("global"):
+            wide = self.b.op("Cast", [x.name], to=TensorProto.INT32)
+            axes = [1, 2] if x.nhwc else [2, 3]
+            total = self.b.op("ReduceSum", [wide, self.b.const(axes, np.int64, "axes")], keepdims=1)
+            return self._req(op, [Term(total, np.array(m), area * self.xmax(x))], -m * area * zs, ost, ())
+        self.u8(x, op)
+        shape = x.info.shape
+        if not shape or any(not isinstance(d, int) for d in shape[1:]):
+            raise KernelError(f"op {op.name!r}: a windowed average pool needs a static input shape.")
+        pads = _ceil_pads(shape, a["kernel"], a["strides"], a["pads"], a.get("ceil_mode", 0))
+        ones = np.ones((shape[1], 1, *a["kernel"]), np.uint8)
+        total = self.b.op(
+            "ConvInteger",
+            [x.name, self.b.const(ones, np.uint8, "ones"), self.b.const(zs, np.uint8, "xzp")],
+            kernel_shape=list(a["kernel"]),
+            strides=a["strides"],
+            pads=pads,
+            group=shape[1],
+        )
+        return self._req(op, [Term(total, np.array(m), area * 255)], 0, ost, ())
+
+    # -- code ops ----------------------------------------------------------------------------------
+    def _maxpool(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        (x,), a = args, op.attrs
+        if a.get("global"):
+            return self.b.op("ReduceMax", [x.name], axes=[1, 2] if x.nhwc else [2, 3], keepdims=1)
+        return self.b.op(
+            "NhwcMaxPool" if x.nhwc else "MaxPool",
+            [x.name],
+            kernel_shape=a["kernel"],
+            strides=a["strides"],
+            pads=a["pads"],
+            dilations=a.get("dilations", [1] * len(a["kernel"])),
+            ceil_mode=a.get("ceil_mode", 0),
+            **({"domain": MS_DOMAIN} if x.nhwc else {}),
+        )
+
+    def _clip(self, name: str, lo: int, hi: int, st: Storage) -> str:
+        return self.b.op(
+            "Clip",
+            [
+                name,
+                self.b.const(lo + st.offset, st.dtype, "lo"),
+                self.b.const(hi + st.offset, st.dtype, "hi"),
+            ],
+        )
+
+    def _clamp(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        return self._clip(args[0].name, op.attrs["lo"], op.attrs["hi"], args[0].st)
+
+    def _concat(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        if any(v.st != ost for v in args):
+            raise KernelError(f"op {op.name!r}: concat inputs must share the output's dtype.")
+        out = self.b.op("Concat", [v.name for v in args], axis=op.attrs["axis"])
+        lo, hi = op.attrs["lo"], op.attrs["hi"]
+        if lo > min(v.info.qmin for v in args) or hi < max(v.info.qmax for v in args):
+            out = self._clip(out, lo, hi, ost)
+        return out
+
+    def _copy(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        return self.b.op("Identity", [args[0].name])
+
+    def _reshape(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        shape = self.b.const(op.attrs["shape"], np.int64, "shape")
+        return self.b.op("Reshape", [args[0].name, shape], allowzero=int(op.attrs.get("allowzero", 0)))
+
+    def _flatten(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        return self.b.op("Flatten", [args[0].name], axis=op.attrs["axis"])
+
+    def _transpose(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        perm = op.attrs.get("perm")
+        return self.b.op("Transpose", [args[0].name], **({} if perm is None else {"perm": perm}))
+
+    def _squeeze(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        axes = op.attrs.get("axes")
+        ins = [args[0].name] + ([] if axes is None else [self.b.const(axes, np.int64, "axes")])
+        return self.b.op("Squeeze", ins)
+
+    def _unsqueeze(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        return self.b.op("Unsqueeze", [args[0].name, self.b.const(op.attrs["axes"], np.int64, "axes")])
+
+    def _resize_nearest(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        a = op.attrs
+        if a["sizes"] is not None:
+            ins = [args[0].name, "", "", self.b.const(a["sizes"], np.int64, "sizes")]
+        else:
+            ins = [args[0].name, "", self.b.const(a["scales"], np.float32, "scales")]
+        return self.b.op(
+            "Resize",
+            ins,
+            mode="nearest",
+            coordinate_transformation_mode=a["ctm"],
+            nearest_mode=a["nearest_mode"],
+        )
+
+    def _lut(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
+        (x,) = args
+        table = op.params["table"].astype(np.int64)
+        size = 256 if x.st.dtype == np.uint8 else 1 << 16
+        codes = np.arange(size) - x.st.offset - int(op.attrs["qmin_in"])
+        full = table[np.clip(codes, 0, table.size - 1)] + ost.offset
+        idx = self.b.op("Cast", [x.name], to=TensorProto.INT32)
+        return self.b.op("Gather", [self.b.const(full, ost.dtype, "table"), idx], axis=0)
+
+
+#: Ops that keep their input's layout; ops that run channels-last when ``_wants_nhwc`` says so.
+_ELEMENTWISE = {"add", "rescale", "clamp", "lut", "copy"}
+_CHANNELS_LAST = {"conv", "maxpool", "avgpool"}
+
+
+def _wants_nhwc(op: Op, x: _Val) -> bool:
+    """Group-1 2-D convolutions (im2col + MatMulInteger), and pools whose input is already NHWC."""
+    if x.info.shape is not None and len(x.info.shape) != 4:
+        return False
+    if op.kind == "conv":
+        return op.attrs["group"] == 1 and x.st.dtype == np.uint8
+    if op.kind == "avgpool":
+        return bool(op.attrs.get("global")) and x.nhwc
+    return x.nhwc and not op.attrs.get("global") and op.attrs.get("pad_value", 0) is not None
+
+
+def _ceil_pads(shape: list, kernel: list, strides: list, pads: list, ceil: int) -> list[int]:
+    """End pads that make ceil_mode windows explicit (as the reference executor does)."""
+    out = list(pads)
+    if not ceil:
+        return out
+    n = len(kernel)
+    for i, (k, s) in enumerate(zip(kernel, strides, strict=True)):
+        size = shape[2 + i] + pads[i] + pads[i + n]
+        n_out = math.ceil((size - k) / s) + 1
+        if (n_out - 1) * s >= shape[2 + i] + pads[i]:
+            n_out -= 1
+        out[i + n] += max(0, (n_out - 1) * s + k - size)
+    return out
+
+
+def lower_program(
+    program: Program, *, name: str, opset: int = 17, expose: list[str] | None = None, nhwc: bool = True
+) -> LoweredProgram:
+    """ORT nodes computing ``program`` exactly (module docstring); ``expose`` adds tensors as outputs.
+
+    Graph inputs/outputs hold the program's own dtypes, named ``f"{name}/{tensor}"``. Raises KernelError
+    naming the op when an op has no exact ORT lowering.
+    """
+    if opset < 13:
+        raise KernelError(f"opset {opset} is too old for the NPU lowering; use 13 or newer.")
+    low = _Lowerer(program, name, nhwc)
+    b, lowered = low.b, LoweredProgram([], [], [], [], opset=opset)
+    for info in program.inputs:
+        gname = f"{name}/{info.name}"
+        lowered.inputs.append(_value_info(gname, info))
+        lowered.input_names[info.name] = gname
+        stored = to_storage(b, gname, info.dtype)
+        low.env[info.name] = _Val(stored, storage_of(info.dtype), info)
+    for op in program.ops:
+        low.lower(op)
+    wanted = [t.name for t in program.outputs] + [t for t in (expose or []) if t not in lowered.output_names]
+    for tensor in wanted:
+        if tensor in lowered.output_names or tensor in lowered.input_names:
+            continue
+        v = low.layout(low.env[tensor], False)
+        gname = f"{name}/{tensor}"
+        from_storage(b, v.name, v.info.dtype, gname)
+        lowered.outputs.append(_value_info(gname, v.info))
+        lowered.output_names[tensor] = gname
+    lowered.nodes, lowered.initializers = b.nodes, b.initializers
+    lowered.opset_imports = {"": opset}
+    if any(n.domain == MS_DOMAIN for n in b.nodes):
+        lowered.opset_imports[MS_DOMAIN] = 1
+    logger.info("lowered %d program ops to %d ORT nodes", len(program.ops), len(b.nodes))
+    return lowered
+
+
+def program_to_model(
+    program: Program, *, name: str = "npu", opset: int = 17, expose: list[str] | None = None
+) -> onnx.ModelProto:
+    """A standalone model (IR 10) running ``program`` in ORT; inputs/outputs named ``f"{name}/{tensor}"``."""
+    low = lower_program(program, name=name, opset=opset, expose=expose)
+    graph = helper.make_graph(low.nodes, name, low.inputs, low.outputs, low.initializers)
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid(d, v) for d, v in low.opset_imports.items()],
+        functions=low.functions,
+    )
+    model.ir_version = IR_VERSION
+    return model

@@ -1,0 +1,567 @@
+"""``InferenceSession``: onnxruntime's session API with the ``ZonnxNPUExecutionProvider`` in front of the CPU.
+
+Creation: a model that is not compiled yet is partitioned and compiled for the target
+(``compile_model``), through the cache ``cache_dir/cache_key`` (``zonnx.backend.cache``); a compiled
+model is used as is. Execution: every ``NpuSubgraph`` node is replaced by its ORT-native integer ops
+(``lower_program``) and ONE ``onnxruntime.InferenceSession`` runs the whole model, CPU nodes included.
+``executor="reference"`` instead runs NPU programs with the numpy reference executor between ORT
+sessions over the CPU parts (``zonnx.backend.runtime.staged``-like stages, for debugging and for checking
+the lowering bit for bit). The session logs and keeps (``partition``) which nodes run where and why.
+
+Provider options (ORT passes strings; VOE spellings ``cacheDir``, ``cacheKey``, ``configFile`` accepted):
+``target`` ("dpu-b4096"), ``cache_dir`` ($ZONNX_CACHE_DIR or /tmp/<user>/zonnx/.cache), ``cache_key``
+(hash of model bytes + target + zonnx version), ``config_file`` (a JSON object of these options; keys
+given directly win), ``executor`` ("auto": ORT-native when the lowering is available, else the reference),
+``fallback`` ("none"; "cpu" runs an unquantized model on the CPU with a warning), ``min_nodes`` (2),
+``enable_cache`` ("1"; "0", like ``XLNX_ENABLE_CACHE=0``, recompiles and overwrites the entry).
+"""
+
+from __future__ import annotations
+
+__all__ = ["InferenceSession", "NPU_PROVIDER", "InvalidInputError", "NpuOptions", "parse_provider_options"]
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from zonnx.backend.cache import (
+    ModelCache,
+    default_cache_dir,
+    default_key,
+    known_source_digest,
+    remember_source_digest,
+    target_digest,
+)
+from zonnx.backend.compile_api import compile_model, not_quantized_message
+from zonnx.backend.compiled import (
+    NPU_DOMAIN,
+    NPU_OP,
+    CompiledModelError,
+    compiled_info,
+    is_compiled,
+    lower_npu_nodes,
+    partition_from_dict,
+    read_program,
+)
+from zonnx.backend.partition import Partition
+from zonnx.backend.runtime.reference import run_program
+from zonnx.backend.targets import load_target
+from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
+from zonnx.ir.io import load_proto
+
+logger = logging.getLogger(__name__)
+
+NPU_PROVIDER = "ZonnxNPUExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+_ALIASES = {"cacheDir": "cache_dir", "cacheKey": "cache_key", "configFile": "config_file"}
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(int16)": np.int16,
+    "tensor(uint16)": np.uint16, "tensor(int32)": np.int32, "tensor(uint32)": np.uint32,
+    "tensor(int64)": np.int64, "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
+}  # fmt: skip
+
+try:  # written in parallel; the reference executor is the fallback until it lands
+    from zonnx.backend.runtime.ort_lowering import lower_program
+except ImportError:  # pragma: no cover - depends on the checkout
+    lower_program = None
+
+
+class InvalidInputError(ZonnxError, ValueError):
+    """A feed has the wrong name, shape or dtype (ORT's INVALID_ARGUMENT, naming the input)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NpuOptions:
+    """The NPU provider's options, parsed strictly (see the module docstring for meanings and defaults)."""
+
+    target: str = "dpu-b4096"
+    cache_dir: str = ""
+    cache_key: str = ""
+    config_file: str = ""
+    executor: str = "auto"
+    fallback: str = "none"
+    min_nodes: int = 2
+    enable_cache: bool = True
+
+    def as_strings(self) -> dict[str, str]:
+        return {
+            k: (str(int(v)) if isinstance(v, bool) else str(v)) for k, v in dataclasses.asdict(self).items()
+        }
+
+
+_CHOICES = {"executor": ("auto", "ort", "reference"), "fallback": ("none", "cpu")}
+
+
+def _value(key: str, value: Any) -> Any:
+    if key == "min_nodes":
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise OptionError(f"provider option min_nodes: must be an integer, got {value!r}.") from None
+    if key == "enable_cache":
+        text = str(value).strip().lower()
+        if text not in ("0", "1", "true", "false"):
+            raise OptionError(f"provider option enable_cache: must be 0/1/true/false, got {value!r}.")
+        return text in ("1", "true")
+    text = str(value)
+    if key in _CHOICES and text not in _CHOICES[key]:
+        raise OptionError(
+            f"provider option {key}: must be one of {', '.join(_CHOICES[key])}, got {text!r}."
+            + did_you_mean(text, _CHOICES[key])
+        )
+    return text
+
+
+def parse_provider_options(options: Mapping[str, Any] | None) -> NpuOptions:
+    """Strict parse: unknown keys get a "did you mean"; ``config_file`` entries fill keys not given."""
+    known = {f.name for f in dataclasses.fields(NpuOptions)}
+    given: dict[str, Any] = {}
+    for raw, value in (options or {}).items():
+        key = _ALIASES.get(raw, raw)
+        if key not in known:
+            raise OptionError(
+                f"unknown {NPU_PROVIDER} option {raw!r}.{did_you_mean(raw, [*known, *_ALIASES])} "
+                f"Known options: {', '.join(sorted(known))} (VOE spellings cacheDir, cacheKey accepted)."
+            )
+        given[key] = _value(key, value)
+    if given.get("config_file"):
+        path = Path(given["config_file"]).expanduser()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise OptionError(
+                f"config_file {path}: cannot be read as JSON ({e}); fix the path or the file."
+            ) from None
+        if not isinstance(data, dict):
+            raise OptionError(f"config_file {path}: must hold a JSON object of provider options.")
+        for raw, value in data.items():
+            key = _ALIASES.get(raw, raw)
+            if key in known and key != "config_file" and key not in given:
+                given[key] = _value(key, value)
+            elif key not in known:
+                logger.debug("config_file %s: key %r is not a zonnx option; ignored", path, raw)
+    return NpuOptions(**given)
+
+
+def _providers(
+    providers: Sequence[Any] | None, options: Sequence[Mapping[str, Any]] | None
+) -> dict[str, dict]:
+    """Provider name -> its options, in order (ORT's forms: names + parallel options, or (name, dict) pairs)."""
+    providers = list(providers) if providers is not None else [NPU_PROVIDER, CPU_PROVIDER]
+    options = list(options) if options is not None else []
+    if options and len(options) != len(providers):
+        raise OptionError(
+            f"provider_options has {len(options)} entries for {len(providers)} providers; give one dict per provider."
+        )
+    out: dict[str, dict] = {}
+    for i, p in enumerate(providers):
+        name, opts = (p[0], dict(p[1])) if isinstance(p, tuple | list) else (p, {})
+        if options:
+            opts.update(options[i] or {})
+        if name not in (NPU_PROVIDER, CPU_PROVIDER):
+            choices = [NPU_PROVIDER, CPU_PROVIDER]
+            raise OptionError(
+                f"unknown provider {name!r}.{did_you_mean(str(name), choices)} Available: {', '.join(choices)}."
+            )
+        out[name] = opts
+    return out
+
+
+def _ort_session(model: bytes, sess_options: ort.SessionOptions | None) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(model, sess_options, providers=[CPU_PROVIDER])
+    except Exception as e:  # ORT raises its own exception types
+        raise ZonnxError(f"ONNX Runtime cannot load the model ({str(e).strip()[:400]}).") from None
+
+
+class _Stages:
+    """The reference executor: ORT sessions over CPU parts, numpy ``run_program`` for NPU nodes, in order."""
+
+    def __init__(self, model: onnx.ModelProto, sess_options: ort.SessionOptions | None) -> None:
+        g = model.graph
+        inits = {t.name: t for t in g.initializer}
+        types = {i.name: i.type.tensor_type.elem_type for i in g.input}
+        self.stages: list[tuple[str, Any, list[str], list[str]]] = []
+        cpu: list[onnx.NodeProto] = []
+        for n in g.node:  # topological order: runs of CPU nodes between NPU nodes
+            if not (n.op_type == NPU_OP and n.domain == NPU_DOMAIN):
+                cpu.append(n)
+                continue
+            if cpu:
+                self.stages.append(self._cpu_stage(model, cpu, inits, types, sess_options))
+                cpu = []
+            prog = read_program(n)
+            self.stages.append(("npu", prog, list(n.input), list(n.output)))
+            for o, info in zip(n.output, prog.outputs, strict=True):
+                types[o] = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
+        if cpu:
+            self.stages.append(self._cpu_stage(model, cpu, inits, types, sess_options))
+        self.output_names = [o.name for o in g.output]
+
+    @staticmethod
+    def _cpu_stage(model, nodes, inits, types, sess_options) -> tuple[str, Any, list[str], list[str]]:
+        made = {o for n in nodes for o in n.output}
+        needed = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in made))
+        feeds = [i for i in needed if i not in inits]
+        outs = list(dict.fromkeys(o for n in nodes for o in n.output if o))
+        graph = onnx.helper.make_graph(
+            nodes,
+            "stage",
+            [onnx.helper.make_tensor_value_info(i, types[i], None) for i in feeds],
+            [onnx.helper.make_value_info(o, onnx.TypeProto()) for o in outs],
+            [inits[i] for i in needed if i in inits],
+        )
+        stage = onnx.helper.make_model(
+            graph, opset_imports=list(model.opset_import), functions=list(model.functions)
+        )
+        stage.ir_version = model.ir_version
+        stage.metadata_props.extend(model.metadata_props)
+        sess = _ort_session(stage.SerializeToString(), sess_options)
+        for o in sess.get_outputs():
+            types[o.name] = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(_ORT_TYPES[o.type]))
+        return ("cpu", sess, feeds, outs)
+
+    def run(self, names: list[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        env = dict(feeds)
+        for kind, runner, ins, outs in self.stages:
+            if kind == "cpu":
+                env.update(zip(outs, runner.run(outs, {i: env[i] for i in ins}), strict=True))
+            else:
+                got = run_program(runner, {t.name: env[i] for t, i in zip(runner.inputs, ins, strict=True)})
+                for o, t in zip(outs, runner.outputs, strict=True):
+                    env[o] = got[t.name].astype(t.dtype)
+        return [env[n] for n in names]
+
+
+def _read(path_or_bytes: Any) -> tuple[bytes, str]:
+    if isinstance(path_or_bytes, bytes | bytearray):
+        return bytes(path_or_bytes), "model"
+    if isinstance(path_or_bytes, onnx.ModelProto):
+        return path_or_bytes.SerializeToString(), "model"
+    path = Path(path_or_bytes)
+    if not path.is_file():
+        load_proto(path)  # raises the ModelLoadError that names the problem
+    try:
+        return path.read_bytes(), str(path)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot be read ({e.strerror}).") from None
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception:  # protobuf DecodeError
+        raise ModelLoadError(f"{where}: not a valid ONNX model (the protobuf does not parse).") from None
+    if not model.HasField("graph"):
+        raise ModelLoadError(f"{where}: not an ONNX model (no graph).")
+    return model
+
+
+def _lowering_id() -> str:
+    if lower_program is None:
+        return "none"
+    module = __import__(lower_program.__module__, fromlist=["_"])
+    return str(getattr(module, "LOWERING_VERSION", "1"))
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+
+
+def summary_line(part: Partition) -> str:
+    """'N of M nodes on the NPU (x% of MACs); K on CPU: rule n, ...'."""
+    counts: dict[str, int] = {}
+    for rule in part.rules.values():
+        counts[rule] = counts.get(rule, 0) + 1
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+    return (
+        f"{part.npu_nodes} of {part.total_nodes} nodes on the NPU ({100 * part.mac_share:.1f}% of MACs) "
+        f"in {part.num_subgraphs} subgraph(s); {len(part.cpu_nodes)} on CPU: {reasons}"
+    )
+
+
+class InferenceSession:
+    """onnxruntime.InferenceSession's API, with ``ZonnxNPUExecutionProvider`` (see the module docstring).
+
+    Attributes besides ORT's methods: ``partition`` (None when nothing is compiled), ``compiled_model``
+    (the compiled ModelProto or None), ``from_cache`` (the compiled model came from the cache),
+    ``executor`` ("ort", "reference" or "cpu"), ``create_seconds``.
+    """
+
+    def __init__(
+        self,
+        path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto,
+        sess_options: ort.SessionOptions | None = None,
+        providers: Sequence[Any] | None = None,
+        provider_options: Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        start = time.perf_counter()
+        self._sess_options = sess_options
+        chosen = _providers(providers, provider_options)
+        self._cpu_options = chosen.get(CPU_PROVIDER, {})
+        self.options = parse_provider_options(chosen.get(NPU_PROVIDER)) if NPU_PROVIDER in chosen else None
+        self.partition: Partition | None = None
+        self.from_cache = False
+        self._cache: ModelCache | None = None
+        self._compiled: onnx.ModelProto | None = None
+        known = None
+        if (
+            self.options is not None
+            and isinstance(path_or_bytes, str | os.PathLike)
+            and Path(path_or_bytes).is_file()
+        ):
+            cache_dir = self.options.cache_dir or default_cache_dir()
+            known = known_source_digest(cache_dir, Path(path_or_bytes))  # a source compiled before
+        if known is not None:
+            data, where, compiled = None, str(path_or_bytes), None
+        else:
+            data, where = _read(path_or_bytes)
+            compiled = (
+                _parse(data, where)
+                if b"NpuSubgraph" in data[-65536:] or b"zonnx.compiled" in data[-65536:]
+                else None
+            )
+            if compiled is not None and not is_compiled(compiled):
+                compiled = None
+        self._where = where
+        self._source_sha = known
+        if self.options is None:
+            if compiled is not None:
+                raise OptionError(
+                    f"{where}: is a compiled NPU model; add {NPU_PROVIDER!r} to providers to run it."
+                )
+            self._run_on_cpu(data)
+        else:
+            self._create_npu(data, where, compiled)
+        self.create_seconds = time.perf_counter() - start
+
+    # -- creation -----------------------------------------------------------------------------------
+    def _run_on_cpu(self, data: bytes) -> None:
+        self.executor = "cpu"
+        self._providers = [CPU_PROVIDER]
+        self._ort = _ort_session(data, self._sess_options)
+        self._stages = None
+
+    def _create_npu(self, data: bytes, where: str, compiled: onnx.ModelProto | None) -> None:
+        opts = self.options
+        assert opts is not None
+        mode = opts.executor
+        if mode == "auto":
+            mode = "ort" if lower_program is not None else "reference"
+            if lower_program is None:
+                logger.warning(
+                    "the ORT-native lowering is not available; NPU subgraphs run in the numpy reference"
+                )
+        elif mode == "ort" and lower_program is None:
+            raise OptionError(
+                "executor 'ort': zonnx.backend.runtime.ort_lowering is not installed; use 'reference'."
+            )
+        self.executor = mode
+        exe_id = _lowering_id() if mode == "ort" else ""
+        if compiled is not None:
+            target_name = compiled_info(compiled).get("target", "")
+            if "target" in self._given_keys() and load_target(opts.target).name != target_name:
+                raise OptionError(
+                    f"{where}: was compiled for {target_name!r}, not {opts.target!r}; compile the "
+                    f"quantized model again with --target {opts.target}."
+                )
+            self._build(compiled, None, mode, where)
+            return
+        target = load_target(opts.target)
+        sha = self._source_sha or hashlib.sha256(data).hexdigest()
+        key = opts.cache_key or default_key(sha, target)
+        expect = {"source_sha256": sha, "target": target.name, "target_sha256": target_digest(target)}
+        cache = ModelCache(
+            opts.cache_dir or default_cache_dir(), key, {**expect, "min_nodes": opts.min_nodes}
+        )
+        enabled = opts.enable_cache and os.environ.get("XLNX_ENABLE_CACHE", "1") != "0"
+        hit = cache.load(exe_id) if enabled else None
+        self._cache = cache
+        if hit is not None:
+            try:
+                self.from_cache = True
+                exe = self._build(hit[0], hit[1], mode, where)
+                if exe is not None and hit[1] is None:
+                    cache.store(hit[0], exe, exe_id)  # the entry gains this lowering
+                return
+            except CompiledModelError as e:
+                logger.warning("cache entry %s: %s; recompiling", cache.folder, e)
+                self.from_cache = False
+        if data is None:
+            data, _ = _read(where)
+            sha = hashlib.sha256(data).hexdigest()
+        parsed = _parse(data, where)
+        if is_compiled(parsed):
+            self._build(parsed, None, mode, where)
+            return
+        try:
+            compiled = compile_model(parsed, target, min_nodes=opts.min_nodes, cache_key=key).model
+        except UnsupportedModelError as e:
+            if "not quantized" not in str(e):
+                raise
+            if opts.fallback != "cpu":
+                raise UnsupportedModelError(not_quantized_message(where)) from None
+            logger.warning("%s: not quantized; every node runs on the CPU (fallback='cpu')", where)
+            self._run_on_cpu(data)
+            return
+        exe = self._build(compiled, None, mode, where)
+        if cache.store(compiled, exe, exe_id) and Path(where).is_file():
+            remember_source_digest(cache.folder.parent, Path(where), sha)
+
+    def _build(self, compiled: onnx.ModelProto, exe: bytes | None, mode: str, where: str) -> bytes | None:
+        """Set up the executor for a compiled model; returns the executable bytes (ORT mode)."""
+        if compiled is not None:
+            text = compiled_info(compiled).get("partition")
+        else:
+            text = self._cache.partition_json() if self._cache is not None else None
+        partition = partition_from_dict(json.loads(text)) if text else None
+        if mode == "ort":
+            if exe is None:
+                exe = lower_npu_nodes(compiled, lower_program, opset=_opset(compiled)).SerializeToString()
+            self._ort, self._stages = _ort_session(exe, self._sess_options), None
+        else:
+            self._stages = _Stages(compiled, self._sess_options)
+            self._ort = next((r for k, r, _, _ in self._stages.stages if k == "cpu"), None)
+        self._compiled, self.partition = compiled, partition
+        self._providers = [NPU_PROVIDER, CPU_PROVIDER]
+        if partition is not None:
+            logger.info("%s: %s", where, summary_line(partition))
+        return exe
+
+    @property
+    def compiled_model(self) -> onnx.ModelProto | None:
+        """The compiled model (read from the cache on first use when the session did not need it)."""
+        if self._compiled is None and self.from_cache and self._cache is not None:
+            self._compiled = self._cache.load_compiled()
+        return self._compiled
+
+    def _given_keys(self) -> set[str]:
+        return {k for k, v in dataclasses.asdict(self.options).items() if v != getattr(NpuOptions, k)}
+
+    # -- ORT API ------------------------------------------------------------------------------------
+    def get_inputs(self) -> list[Any]:
+        if self._stages is not None:
+            return self._io(self.compiled_model.graph.input)
+        return self._ort.get_inputs()
+
+    def get_outputs(self) -> list[Any]:
+        if self._stages is not None:
+            return self._io(self.compiled_model.graph.output)
+        return self._ort.get_outputs()
+
+    def get_overridable_initializers(self) -> list[Any]:
+        return [] if self._stages is not None else self._ort.get_overridable_initializers()
+
+    @staticmethod
+    def _io(values: Any) -> list[Any]:
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+            np_type = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+            name = next(k for k, d in _ORT_TYPES.items() if np.dtype(d) == np_type)
+            out.append(_NodeArg(v.name, name, dims))
+        return out
+
+    def get_providers(self) -> list[str]:
+        return list(self._providers)
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        out = {}
+        if NPU_PROVIDER in self._providers and self.options is not None:
+            out[NPU_PROVIDER] = self.options.as_strings()
+        out[CPU_PROVIDER] = {k: str(v) for k, v in self._cpu_options.items()}
+        return out
+
+    def get_session_options(self) -> ort.SessionOptions:
+        return self._sess_options or ort.SessionOptions()
+
+    def get_modelmeta(self) -> Any:
+        return self._ort.get_modelmeta() if self._ort is not None else None
+
+    def end_profiling(self) -> str:
+        return self._ort.end_profiling() if self._stages is None and self._ort is not None else ""
+
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        inputs = {i.name: i for i in self.get_inputs()}
+        for name in feeds:
+            if name not in inputs:
+                raise InvalidInputError(
+                    f"invalid input name {name!r}.{did_you_mean(name, inputs)} The model's inputs: {', '.join(inputs)}."
+                )
+        out = {}
+        for name, arg in inputs.items():
+            if name not in feeds:
+                raise InvalidInputError(
+                    f"input {name!r} is missing from the feed (expected {arg.type} {arg.shape})."
+                )
+            x = np.asarray(feeds[name])
+            want = np.dtype(_ORT_TYPES.get(arg.type, x.dtype))
+            if x.dtype != want:
+                raise InvalidInputError(
+                    f"input {name!r}: unexpected data type, actual: tensor({x.dtype}), expected: {arg.type}; "
+                    f"convert it with .astype(np.{want.name})."
+                )
+            bad = len(x.shape) != len(arg.shape) or any(
+                isinstance(d, int) and d != s for d, s in zip(arg.shape, x.shape, strict=False)
+            )
+            if bad:
+                raise InvalidInputError(
+                    f"input {name!r}: got invalid dimensions {list(x.shape)}, expected {list(arg.shape)} "
+                    "(named dims may take any size); reshape the array."
+                )
+            out[name] = x
+        return out
+
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
+    ) -> list[np.ndarray]:
+        """Run the model; ``output_names`` None means every output. Errors name the input."""
+        feeds = self._check_feeds(input_feed)
+        names = list(output_names) if output_names else [o.name for o in self.get_outputs()]
+        known = {o.name for o in self.get_outputs()}
+        for n in names:
+            if n not in known:
+                raise InvalidInputError(
+                    f"invalid output name {n!r}; the model's outputs: {', '.join(known)}."
+                )
+        if self._stages is not None:
+            return self._stages.run(names, feeds)
+        try:
+            return self._ort.run(names, feeds, run_options)
+        except Exception as e:  # ORT's own exception types
+            raise ZonnxError(f"{self._where}: ONNX Runtime failed to run ({str(e).strip()[:400]}).") from None
+
+    def run_with_ort_values(
+        self,
+        output_names: Sequence[str] | None,
+        input_dict_ort_values: Mapping[str, Any],
+        run_options: Any = None,
+    ) -> list[Any]:
+        """ORT's OrtValue interface (the reference executor converts through numpy)."""
+        if self._stages is None:
+            return self._ort.run_with_ort_values(output_names, input_dict_ort_values, run_options)
+        feeds = {k: v.numpy() for k, v in input_dict_ort_values.items()}
+        return [ort.OrtValue.ortvalue_from_numpy(a) for a in self.run(output_names, feeds, run_options)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _NodeArg:
+    """``onnxruntime.NodeArg``'s fields for the reference executor."""
+
+    name: str
+    type: str
+    shape: list[Any]

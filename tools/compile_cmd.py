@@ -1,0 +1,47 @@
+"""``zonnx compile MODEL --target T -o compiled.onnx``: partition and compile ahead of time, print the partition."""
+
+from __future__ import annotations
+
+__all__ = ["compile"]
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from zonnx.backend.compile_api import compile_model
+from zonnx.backend.partition import render_partition, to_dict
+from zonnx.ir.io import save_model
+from zonnx.tools.console import console
+from zonnx.tools.options import parse_input_shapes
+
+
+def compile(  # noqa: A001 - the subcommand's name
+    model: Path = typer.Argument(..., help="A quantized .onnx model (QDQ or FixNeuron).", show_default=False),
+    target: str = typer.Option("dpu-b4096", "--target", "-t", help="Target name or a target .toml file."),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="Compiled model to write (default MODEL_compiled.onnx)."
+    ),
+    min_nodes: int = typer.Option(2, "--min-nodes", help="Smallest NPU subgraph, in ops."),
+    input_shape: list[str] = typer.Option(
+        None, "--input-shape", help="Fixed input shape, e.g. x:1,3,224,224 (repeatable)."
+    ),
+    json_: bool = typer.Option(False, "--json", help="Print the partition as JSON instead of tables."),
+) -> None:
+    """Compile MODEL for an NPU target: each NPU subgraph becomes one com.zonnx NpuSubgraph node.
+
+    Prints how many nodes and what share of MACs run on the NPU, the subgraphs, and every CPU node with
+    the rule it broke. Exit code 2 on bad input (float model, unknown target, unwritable output).
+    """
+    out = output or model.with_name(f"{model.stem}_compiled.onnx")
+    compiled = compile_model(model, target, min_nodes=min_nodes, input_shapes=parse_input_shapes(input_shape))
+    save_model(compiled.model, out, input_path=model)
+    if json_:
+        sys.stdout.write(json.dumps({**to_dict(compiled.partition), "output": str(out)}, indent=1) + "\n")
+        return
+    render_partition(compiled.partition, console)
+    for sub, prog in zip(compiled.partition.subgraphs, compiled.programs, strict=True):
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(prog.op_counts().items()))
+        console.print(f"subgraph {sub.id}: {len(prog.ops)} NPU ops ({kinds})")
+    console.print(f"wrote {out} in {compiled.seconds:.2f} s")
