@@ -19,6 +19,21 @@ def build(
     out_dir: Path = typer.Option(Path("out"), "--out-dir", "-o", help="Folder for the outputs and report."),
     opset: int = typer.Option(17, "--opset", help="Opset the optimizer upgrades to."),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Compare outputs after every pass."),
+    target: str = typer.Option("dpu-b4096", "--target", help="NPU target to quantize, compile and run for."),
+    no_deploy: bool = typer.Option(
+        False, "--no-deploy", help="Stop after optimizing (no quantize/compile/run)."
+    ),
+    calib: str = typer.Option(None, "--calib", help="Calibration data for a model outside the zoo."),
 ) -> None:
-    """Load or build MODEL, optimize it, inspect it and write a report (more stages land as zonnx grows)."""
-    run_build(BuildOptions(model=model, out_dir=out_dir, opset=opset, verify=verify), console)
+    """Load or build MODEL, optimize, inspect, quantize for --target, compile, run on the simulated NPU, report."""
+    run_build(
+        BuildOptions(
+            model=model,
+            out_dir=out_dir,
+            opset=opset,
+            verify=verify,
+            target=None if no_deploy else target,
+            calib=calib,
+        ),
+        console,
+    )

@@ -38,12 +38,17 @@ class BuildOptions:
         out_dir: folder for outputs (default "out").
         opset: opset the optimizer upgrades to (default 17).
         verify: compare outputs after every pass (default True).
+        target: NPU target to quantize for, compile for and run on (default "dpu-b4096"); None stops
+            after optimizing.
+        calib: calibration data for models outside the zoo (folder, .npz, FILE.py:FUNC).
     """
 
     model: str = "digits_cnn"
     out_dir: Path = Path("out")
     opset: int = 17
     verify: bool = True
+    target: str | None = "dpu-b4096"
+    calib: str | None = None
 
 
 @dataclasses.dataclass
@@ -97,6 +102,34 @@ def _evaluate(name: str, original: Path, optimized: Path) -> dict[str, Any]:
     return {"task": "output agreement on sample inputs", "samples": len(samples), "max_relative_error": worst}
 
 
+def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console: Console) -> None:
+    """Quantize for the target, compile for its NPU, run the NPU session and evaluate it."""
+    from zonnx.build_npu import calibration_feeds, compile_and_run, npu_evaluation, quantize_for_target
+
+    target = options.target
+    assert target is not None
+    quant_path = options.out_dir / f"{optimized.stem.removesuffix('.opt')}.{target}.q.onnx"
+    reader = calibration_feeds(options.model, options.calib, load_proto(optimized))
+    with console.status(f"quantizing for {target}"):
+        report.stages["quantize"] = quantize_for_target(optimized, quant_path, target, reader)
+    q = report.stages["quantize"]
+    console.print(
+        f"quantize: {q['format']} / {q['method']} for {target}: {q['quantized']}; "
+        f"target rules {q['target_rules'] or 'no change needed'}; worst layer {q['worst_layer']}",
+        markup=False,
+    )
+    session, compiled = compile_and_run(quant_path, options.out_dir, target)
+    report.stages["compile"] = compiled
+    console.print(compiled["partition"], markup=False, highlight=False)
+    result = npu_evaluation(options.model, session, optimized, quant_path)
+    report.stages["npu"] = result
+    console.print(
+        "npu: "
+        + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()),
+        markup=False,
+    )
+
+
 def run_build(options: BuildOptions, console: Console) -> BuildReport:
     """Run every stage and print each one's result; raises ZonnxError on bad input."""
     out_dir = options.out_dir
@@ -113,7 +146,9 @@ def run_build(options: BuildOptions, console: Console) -> BuildReport:
 
     # Zoo models verify on their real sample inputs (a detector on noise gives outputs of tiny range).
     feeds = zoo.sample_inputs(options.model, 1)[0] if options.model in zoo.names() else None
-    opt = OptimizeOptions(target_opset=options.opset, verify=VerifyOptions(feeds=feeds) if options.verify else None)
+    opt = OptimizeOptions(
+        target_opset=options.opset, verify=VerifyOptions(feeds=feeds) if options.verify else None
+    )
     with console.status("optimizing"):
         result = optimize_with_report(proto, opt)
     optimized_path = out_dir / f"{src.stem}.opt.onnx"
@@ -125,6 +160,8 @@ def run_build(options: BuildOptions, console: Console) -> BuildReport:
     render_summary(summary, console)
     report.stages["inspect"] = summary_to_dict(summary)
 
+    if options.target is not None:
+        _deploy(options, optimized_path, report, console)
     evaluation = _evaluate(options.model, src, optimized_path)
     if evaluation:
         report.stages["evaluate"] = evaluation

@@ -284,3 +284,14 @@ def test_tpu_mlir_table_round_trip(tmp_path: Path, digits: Path) -> None:
     for name, tp in first.plan.tensors.items():
         if tp.role.value == "activation":
             np.testing.assert_allclose(tp.params.scale, again.plan.tensors[name].params.scale, rtol=1e-6)
+
+
+def test_per_channel_gemm_with_weight_axis_1(tmp_path: Path, digits: Path) -> None:
+    """After canonicalize-gemm the Gemm weight is [K, N] (channel axis 1); its 1-D bias still uses axis 0."""
+    optimized = zonnx.optimize(digits)  # folds transB into the weight
+    gemm = next(n for n in optimized.graph.node if n.op_type == "Gemm")
+    assert not any(a.name == "transB" and a.i for a in gemm.attribute)
+    out = tmp_path / "q.onnx"
+    zonnx.quantize_static(optimized, out, DigitsReader(), per_channel=True)
+    x, y = digits_data("test")
+    assert evaluate_top1(out, x, y) >= evaluate_top1(digits, x, y) - 0.003

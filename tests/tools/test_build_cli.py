@@ -14,7 +14,7 @@ from zonnx import zoo
 def test_build_default_model(tmp_path: Path) -> None:
     proc = run_cli("build", "-o", str(tmp_path), check=True)
     report = json.loads((tmp_path / "report.json").read_text())
-    assert list(report["stages"]) == ["load", "optimize", "inspect", "evaluate"]
+    assert list(report["stages"]) == ["load", "optimize", "inspect", "quantize", "compile", "npu", "evaluate"]
     evaluation = report["stages"]["evaluate"]
     assert evaluation["samples"] == 450
     assert evaluation["float_top1"] >= 0.97
@@ -23,13 +23,27 @@ def test_build_default_model(tmp_path: Path) -> None:
     optimized = onnx.load(tmp_path / "digits_cnn.opt.onnx")
     assert not [n for n in optimized.graph.node if n.op_type == "BatchNormalization"]
     assert "folded Conv+BatchNormalization" in proc.stdout and "MACs" in proc.stdout
+    npu = report["stages"]["npu"]
+    assert npu["npu_top1"] >= npu["float_top1"] - 0.005  # issue 5: NPU within 0.5 points of float
+    assert report["stages"]["quantize"]["format"] == "FixNeuron"
+    assert "dpu-b4096: 1 NPU subgraph(s)" in proc.stdout
+    assert (tmp_path / "digits_cnn.dpu-b4096.q.onnx").is_file()
+
+
+def test_build_for_a_float_scale_target(tmp_path: Path) -> None:
+    run_cli("build", "--target", "bm1684x", "-o", str(tmp_path), check=True)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stages"]["quantize"]["format"] == "QDQ"
+    assert report["stages"]["npu"]["npu_top1"] >= report["stages"]["npu"]["float_top1"] - 0.005
 
 
 def test_build_a_file(tmp_path: Path) -> None:
     src = tmp_path / "cls.onnx"
     src.write_bytes(zoo.get("ppocr_cls").read_bytes())
-    run_cli("build", str(src), "-o", str(tmp_path / "out"), "--no-verify", check=True)
+    run_cli("build", str(src), "-o", str(tmp_path / "out"), "--no-verify", "--no-deploy", check=True)
     assert (tmp_path / "out" / "cls.opt.onnx").is_file()
+    proc = run_cli("build", str(src), "-o", str(tmp_path / "out2"), "--no-verify")
+    assert_one_line_error(proc, "--calib")
     assert src.read_bytes() == zoo.get("ppocr_cls").read_bytes()
 
 

@@ -205,9 +205,8 @@ def bias_params(input_scale: np.ndarray, weight: QuantParams) -> QuantParams:
     scale = (np.asarray(input_scale, np.float64) * weight.scale.astype(np.float64)).astype(np.float32)
     int32 = _QDTYPES["int32"]
     lo, hi = int32.qrange()
-    return QuantParams(
-        scale, np.zeros(scale.shape, np.int32), int32, weight.axis if scale.ndim else None, None, lo, hi
-    )
+    # a bias is 1-D: its channel axis is 0 whatever the weight's channel axis is (Gemm's B is [K, N])
+    return QuantParams(scale, np.zeros(scale.shape, np.int32), int32, 0 if scale.ndim else None, None, lo, hi)
 
 
 def _broadcast(p: np.ndarray, x: np.ndarray, axis: int | None) -> np.ndarray:

@@ -1,0 +1,117 @@
+"""The build's deployment stages: quantize for a target, compile for its NPU, run and evaluate the NPU session.
+
+The quantization follows the target's rules: power-of-two targets get FixNeuron with MinMSE positions
+(vai_q_onnx's DPU recipe) and the target's refinement; float-scale targets get QDQ with the target's
+symmetry and weight granularity.
+"""
+
+from __future__ import annotations
+
+__all__ = ["quantize_for_target", "compile_and_run", "npu_evaluation", "calibration_feeds"]
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from zonnx import zoo
+from zonnx.errors import OptionError
+
+
+class _Reader:
+    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+        self._it = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+
+def calibration_feeds(model_name: str, calib: str | None, model: onnx.ModelProto) -> Any:
+    """A reader: ``calib`` (folder, .npz, FILE.py:FUNC) if given, else the zoo model's own samples."""
+    if calib:
+        from zonnx.quantization.sources import reader_from_source
+
+        return reader_from_source(calib, model)
+    if model_name == "digits_cnn":
+        from zonnx.zoo.digits import digits_data
+
+        x, _ = digits_data("calib")
+        return _Reader([{"input": x[i : i + 1]} for i in range(64)])
+    if model_name in zoo.names():
+        return _Reader(zoo.sample_inputs(model_name, 16, seed=1))
+    raise OptionError(f"{model_name}: give calibration data with --calib to quantize it (or --no-quantize).")
+
+
+def quantize_for_target(optimized: Path, out: Path, target_name: str, reader: Any) -> dict[str, Any]:
+    """Quantize ``optimized`` to ``out`` the way ``target_name`` needs; returns the stage's report."""
+    from zonnx.backend.targets import load_target
+    from zonnx.quantization.api import quantize_static
+    from zonnx.quantization.enums import PowerOfTwoMethod, QuantFormat, VitisQuantFormat
+
+    rules = load_target(target_name).quant
+    if rules.scale == "power_of_two":
+        kwargs: dict[str, Any] = dict(
+            quant_format=VitisQuantFormat.FixNeuron, calibrate_method=PowerOfTwoMethod.MinMSE
+        )
+    else:
+        kwargs = dict(
+            quant_format=QuantFormat.QDQ,
+            per_channel=rules.weight_granularity == "per_channel",
+            activation_type="int8" if rules.activation_symmetric else "uint8",
+            extra_options={
+                "ActivationSymmetric": rules.activation_symmetric,
+                "WeightSymmetric": rules.weight_symmetric,
+            },
+        )
+    kwargs.setdefault("extra_options", {})["Target"] = target_name
+    result = quantize_static(optimized, out, reader, **kwargs)
+    worst = result.report.worst if result.report is not None else None
+    return {
+        "output": str(out),
+        "format": result.config.quant_format.name,
+        "method": result.config.calibrate_method.name,
+        "quantized": dict(result.counts),
+        "target_rules": dict(result.refinement.counts) if result.refinement is not None else {},
+        "worst_layer": None if worst is None else {"tensor": worst.tensor, "sqnr_db": worst.sqnr_db},
+    }
+
+
+def compile_and_run(quantized: Path, out_dir: Path, target_name: str) -> tuple[Any, dict[str, Any]]:
+    """Compile for the NPU (cached under out_dir/cache) and open the NPU session; returns it and a report."""
+    from zonnx.backend.compile_api import compile_model
+    from zonnx.backend.session import InferenceSession
+
+    compiled = compile_model(quantized, target_name)
+    compiled_path = compiled.save(out_dir / f"{quantized.stem}.{target_name}.onnx")
+    session = InferenceSession(
+        str(quantized),
+        providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
+        provider_options=[{"target": target_name, "cache_dir": str(out_dir / "cache")}, {}],
+    )
+    return session, {"compiled": str(compiled_path), "partition": compiled.report()}
+
+
+def npu_evaluation(model_name: str, session: Any, float_path: Path, quant_path: Path) -> dict[str, Any]:
+    """Digits: top-1 of float, fake-quantized and NPU models; other zoo models: NPU vs float cosine."""
+    from zonnx.verify import compare_outputs, run_ort
+
+    if model_name == "digits_cnn":
+        from zonnx.zoo.digits import digits_data, evaluate_top1
+
+        x, y = digits_data("test")
+        npu = np.concatenate([session.run(None, {"input": x[i : i + 64]})[0] for i in range(0, len(x), 64)])
+        return {
+            "task": "digits test top-1",
+            "float_top1": evaluate_top1(float_path, x, y),
+            "quantized_top1": evaluate_top1(quant_path, x, y),
+            "npu_top1": float((npu.argmax(axis=1) == y).mean()),
+        }
+    if model_name not in zoo.names():
+        return {}
+    cosines = []
+    for feeds in zoo.sample_inputs(model_name, 4, seed=7):
+        names = [o.name for o in session.get_outputs()]
+        npu = dict(zip(names, session.run(None, feeds), strict=True))
+        cosines += [d.cosine for d in compare_outputs(run_ort(onnx.load(float_path), feeds), npu)]
+    return {"task": "NPU outputs vs float on sample inputs", "min_cosine": min(cosines)}
