@@ -40,6 +40,7 @@ import onnx
 from zonnx import __version__
 from zonnx.backend.compiler.program import FORMAT_VERSION
 from zonnx.backend.targets import Target
+from zonnx.ir.io import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -76,17 +77,6 @@ def default_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / user / "zonnx" / ".cache"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 SOURCES = "sources.json"
 
 
@@ -114,7 +104,7 @@ def remember_source_digest(cache_dir: str | os.PathLike[str], path: Path, digest
             index = {}
         index[_stat_key(path)] = digest
         folder.mkdir(parents=True, exist_ok=True)
-        _write_atomic(folder / SOURCES, json.dumps(dict(list(index.items())[-256:])).encode())
+        write_bytes_atomic(folder / SOURCES, json.dumps(dict(list(index.items())[-256:])).encode())
     except OSError:
         pass
 
@@ -207,14 +197,14 @@ class ModelCache:
             blob = compiled.SerializeToString()
             files = {COMPILED: sha256_bytes(blob)}
             (self.folder / ENTRY).unlink(missing_ok=True)  # no valid entry while files change
-            _write_atomic(self.folder / COMPILED, blob)
+            write_bytes_atomic(self.folder / COMPILED, blob)
             if executable is not None:
-                _write_atomic(self.folder / EXECUTABLE, executable)
+                write_bytes_atomic(self.folder / EXECUTABLE, executable)
                 files[EXECUTABLE] = sha256_bytes(executable)
             entry = {**self.expect, "files": files, "executable_id": executable_id if executable else ""}
             info = {p.key: p.value for p in compiled.metadata_props}
             entry["partition"] = info.get("zonnx.partition")
-            _write_atomic(self.folder / ENTRY, json.dumps(entry, indent=1, sort_keys=True).encode())
+            write_bytes_atomic(self.folder / ENTRY, json.dumps(entry, indent=1, sort_keys=True).encode())
         except OSError as e:
             self.enabled = False
             logger.warning(

@@ -26,17 +26,10 @@ from zonnx import zoo
 from zonnx.backend.compiler import Program, compile_subgraph, whole_model_subgraph
 from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.quantization.calibration.readers import ListReader
 
 #: (quantized format, target): QDQ float scales on the multiplier targets, FixNeuron on the DPU.
 CASES = [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("fix", "dpu-b4096")]
-
-
-class _Reader:
-    def __init__(self, feeds: list[dict]) -> None:
-        self._it = iter(feeds)
-
-    def get_next(self) -> dict | None:
-        return next(self._it, None)
 
 
 def _quantize(src: Path, dst: Path, feeds: list[dict], fmt: str) -> Path:
@@ -53,7 +46,7 @@ def _quantize(src: Path, dst: Path, feeds: list[dict], fmt: str) -> Path:
             calibrate_method=zonnx.PowerOfTwoMethod.NonOverflow,
             extra_options={"Target": "dpu-b4096"},
         )
-    zonnx.quantize_static(str(src), str(dst), _Reader(feeds), **args)
+    zonnx.quantize_static(str(src), str(dst), ListReader(feeds), **args)
     return dst
 
 

@@ -23,19 +23,12 @@ from onnxruntime.quantization import quantize_static as ort_quantize_static
 import zonnx
 from bench.runner import HIGHER, LOWER, BenchContext, Measurement
 from zonnx import zoo
+from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.enums import PowerOfTwoMethod, VitisQuantFormat, ZonnxCalibrationMethod
 from zonnx.zoo.digits import digits_data, evaluate_top1
 from zonnx.zoo.text_images import char_accuracy, ctc_greedy_decode, rec_samples
 
 logger = logging.getLogger(__name__)
-
-
-class _Reader:
-    def __init__(self, feeds: list[dict]) -> None:
-        self._it = iter(feeds)
-
-    def get_next(self) -> dict | None:
-        return next(self._it, None)
 
 
 def _rec_accuracy(path: Path, lines: list) -> float:
@@ -52,18 +45,39 @@ def _digits(tmp: Path, quick: bool) -> list[Measurement]:
     float_acc = evaluate_top1(src, x, y)
     out = []
     qdq = dict(per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    zonnx.quantize_static(src, tmp / "d_zonnx.onnx", _Reader(calib), **qdq)
+    zonnx.quantize_static(src, tmp / "d_zonnx.onnx", ListReader(calib), **qdq)
     prepped = tmp / "d_prepped.onnx"
     zonnx.save_model(zonnx.optimize(src, opset=13), prepped)
-    ort_quantize_static(str(prepped), str(tmp / "d_ort.onnx"), _Reader(calib), QuantFormat.QDQ, **qdq)
+    ort_quantize_static(str(prepped), str(tmp / "d_ort.onnx"), ListReader(calib), QuantFormat.QDQ, **qdq)
     ours, peer = evaluate_top1(tmp / "d_zonnx.onnx", x, y), evaluate_top1(tmp / "d_ort.onnx", x, y)
-    out.append(Measurement("digits int8 per-channel: top-1 drop (points)", 100 * (float_acc - ours), "pt",
-                           LOWER, target=0.3, note=f"float {float_acc:.4f}, zonnx {ours:.4f}, ORT {peer:.4f}"))
-    zonnx.quantize_static(src, tmp / "d_pof2.onnx", _Reader(calib), quant_format=VitisQuantFormat.FixNeuron,
-                          calibrate_method=PowerOfTwoMethod.MinMSE)
+    out.append(
+        Measurement(
+            "digits int8 per-channel: top-1 drop (points)",
+            100 * (float_acc - ours),
+            "pt",
+            LOWER,
+            target=0.3,
+            note=f"float {float_acc:.4f}, zonnx {ours:.4f}, ORT {peer:.4f}",
+        )
+    )
+    zonnx.quantize_static(
+        src,
+        tmp / "d_pof2.onnx",
+        ListReader(calib),
+        quant_format=VitisQuantFormat.FixNeuron,
+        calibrate_method=PowerOfTwoMethod.MinMSE,
+    )
     pof2 = evaluate_top1(tmp / "d_pof2.onnx", x, y)
-    out.append(Measurement("digits power-of-two per-tensor: top-1 drop (points)", 100 * (float_acc - pof2), "pt",
-                           LOWER, target=1.0, note=f"float {float_acc:.4f}, FixNeuron MinMSE {pof2:.4f}"))
+    out.append(
+        Measurement(
+            "digits power-of-two per-tensor: top-1 drop (points)",
+            100 * (float_acc - pof2),
+            "pt",
+            LOWER,
+            target=1.0,
+            note=f"float {float_acc:.4f}, FixNeuron MinMSE {pof2:.4f}",
+        )
+    )
     return out
 
 
@@ -79,19 +93,34 @@ def _rec(tmp: Path, quick: bool) -> list[Measurement]:
     test = samples[48:]
     float_acc = _rec_accuracy(src, test)
     prepped = tmp / "rec_prepped.onnx"
-    zonnx.save_model(zonnx.optimize(src, opset=13, passes=["opset-upgrade", "shape-inference",
-                                                          "constant-folding", "dead-code"]), prepped)
+    zonnx.save_model(
+        zonnx.optimize(
+            src, opset=13, passes=["opset-upgrade", "shape-inference", "constant-folding", "dead-code"]
+        ),
+        prepped,
+    )
     base = dict(per_channel=True, activation_type=QuantType.QUInt8)
     widths = [f["x"].shape for f in calib]
     same_width = [f for f in calib if f["x"].shape == max(set(widths), key=widths.count)]
     ort_results = {}
     for label, method, data, extra in [
         ("MinMax", CalibrationMethod.MinMax, calib, {}),
-        (f"Percentile 99.99 ({len(same_width)} same-width lines)", CalibrationMethod.Percentile, same_width,
-         {"CalibPercentile": 99.99}),
+        (
+            f"Percentile 99.99 ({len(same_width)} same-width lines)",
+            CalibrationMethod.Percentile,
+            same_width,
+            {"CalibPercentile": 99.99},
+        ),
     ]:
-        ort_quantize_static(str(prepped), str(tmp / "r_ort.onnx"), _Reader(data), QuantFormat.QDQ,
-                            calibrate_method=method, extra_options=extra, **base)
+        ort_quantize_static(
+            str(prepped),
+            str(tmp / "r_ort.onnx"),
+            ListReader(data),
+            QuantFormat.QDQ,
+            calibrate_method=method,
+            extra_options=extra,
+            **base,
+        )
         ort_results[label] = _rec_accuracy(tmp / "r_ort.onnx", test)
     zonnx_results = {}
     for label, method, extra in [
@@ -99,19 +128,37 @@ def _rec(tmp: Path, quick: bool) -> list[Measurement]:
         ("Percentile 99.99", CalibrationMethod.Percentile, {"CalibPercentile": 99.99}),
         ("MSE", ZonnxCalibrationMethod.MSE, {}),
     ]:
-        zonnx.quantize_static(src, tmp / "r_zonnx.onnx", _Reader(calib), calibrate_method=method,
-                              extra_options=extra, **base)
+        zonnx.quantize_static(
+            src, tmp / "r_zonnx.onnx", ListReader(calib), calibrate_method=method, extra_options=extra, **base
+        )
         zonnx_results[label] = _rec_accuracy(tmp / "r_zonnx.onnx", test)
     ort_best = max(ort_results, key=ort_results.get)
     ours_best = max(zonnx_results, key=zonnx_results.get)
-    note = (f"float {float_acc:.4f}, {len(test)} lines; zonnx: "
-            + ", ".join(f"{k} {v:.4f}" for k, v in zonnx_results.items())
-            + "; ORT: " + ", ".join(f"{k} {v:.4f}" for k, v in ort_results.items()))
+    note = (
+        f"float {float_acc:.4f}, {len(test)} lines; zonnx: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in zonnx_results.items())
+        + "; ORT: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in ort_results.items())
+    )
     return [
-        Measurement("PP-OCRv4 rec same arguments (MinMax per-channel u8s8): char accuracy",
-                    zonnx_results["MinMax"], "acc", HIGHER, peer="ORT quantizer", peer_value=ort_results["MinMax"]),
-        Measurement(f"PP-OCRv4 rec best: zonnx {ours_best} vs ORT {ort_best}", zonnx_results[ours_best], "acc",
-                    HIGHER, peer="ORT best", peer_value=ort_results[ort_best], target=1.0, note=note),
+        Measurement(
+            "PP-OCRv4 rec same arguments (MinMax per-channel u8s8): char accuracy",
+            zonnx_results["MinMax"],
+            "acc",
+            HIGHER,
+            peer="ORT quantizer",
+            peer_value=ort_results["MinMax"],
+        ),
+        Measurement(
+            f"PP-OCRv4 rec best: zonnx {ours_best} vs ORT {ort_best}",
+            zonnx_results[ours_best],
+            "acc",
+            HIGHER,
+            peer="ORT best",
+            peer_value=ort_results[ort_best],
+            target=1.0,
+            note=note,
+        ),
     ]
 
 

@@ -16,14 +16,7 @@ import zonnx
 from bench.bench_zoo_ort import session
 from bench.runner import HIGHER, BenchContext, Measurement
 from zonnx import zoo
-
-
-class _Reader:
-    def __init__(self, feeds: list[dict]) -> None:
-        self._it = iter(feeds)
-
-    def get_next(self) -> dict | None:
-        return next(self._it, None)
+from zonnx.quantization.calibration.readers import ListReader
 
 
 def bench_quant_speed(ctx: BenchContext) -> list[Measurement]:
@@ -35,13 +28,15 @@ def bench_quant_speed(ctx: BenchContext) -> list[Measurement]:
     args = dict(per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     with tempfile.TemporaryDirectory(prefix="zonnx-bench-") as d:
         tmp = Path(d)
-        zonnx.quantize_static(src, tmp / "zonnx.onnx", _Reader(calib), **args)
+        zonnx.quantize_static(src, tmp / "zonnx.onnx", ListReader(calib), **args)
         prepped = tmp / "prepped.onnx"
         zonnx.save_model(zonnx.optimize(src, opset=13), prepped)
-        ort_quantize_static(str(prepped), str(tmp / "ort.onnx"), _Reader(calib), QuantFormat.QDQ, **args)
+        ort_quantize_static(str(prepped), str(tmp / "ort.onnx"), ListReader(calib), QuantFormat.QDQ, **args)
         level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        sessions = {k: session(p, level) for k, p in
-                    [("float", prepped), ("zonnx", tmp / "zonnx.onnx"), ("ort", tmp / "ort.onnx")]}
+        sessions = {
+            k: session(p, level)
+            for k, p in [("float", prepped), ("zonnx", tmp / "zonnx.onnx"), ("ort", tmp / "ort.onnx")]
+        }
 
     def sweep(name: str):
         return lambda: [sessions[name].run(None, f) for f in feeds]
@@ -49,8 +44,22 @@ def bench_quant_speed(ctx: BenchContext) -> list[Measurement]:
     t_zonnx, t_float = ctx.time_pair(sweep("zonnx"), sweep("float"))
     t_zonnx2, t_ort = ctx.time_pair(sweep("zonnx"), sweep("ort"))
     return [
-        Measurement("ResNet-18 int8 QDQ (zonnx) vs float", n / t_zonnx.median, "img/s", HIGHER,
-                    peer="ORT float", peer_value=n / t_float.median, target=2.5),
-        Measurement("ResNet-18 int8 QDQ (zonnx) vs ORT's quantizer", n / t_zonnx2.median, "img/s", HIGHER,
-                    peer="ORT-quantized", peer_value=n / t_ort.median, target=0.95),
+        Measurement(
+            "ResNet-18 int8 QDQ (zonnx) vs float",
+            n / t_zonnx.median,
+            "img/s",
+            HIGHER,
+            peer="ORT float",
+            peer_value=n / t_float.median,
+            target=2.5,
+        ),
+        Measurement(
+            "ResNet-18 int8 QDQ (zonnx) vs ORT's quantizer",
+            n / t_zonnx2.median,
+            "img/s",
+            HIGHER,
+            peer="ORT-quantized",
+            peer_value=n / t_ort.median,
+            target=0.95,
+        ),
     ]

@@ -31,7 +31,7 @@ from zonnx import __version__
 from zonnx.errors import ZonnxError
 from zonnx.ir.io import to_ir, to_proto
 from zonnx.optimization import OptimizeOptions, optimize_with_report
-from zonnx.verify import run_ort
+from zonnx.verify import cosine, run_ort
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +97,6 @@ class ConversionResult:
     info: SourceInfo
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    na, nb = np.linalg.norm(a64), np.linalg.norm(b64)
-    if na == 0 and nb == 0:
-        return 1.0
-    return float(np.dot(a64, b64) / (na * nb)) if na and nb else 0.0
-
-
 def check_against_source(
     model: onnx.ModelProto,
     source_run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
@@ -145,7 +137,7 @@ def check_against_source(
                 lsb = int(np.max(np.abs(ref.astype(np.int64) - got.astype(np.int64)), initial=0))
             check = OutputCheck(
                 name,
-                _cosine(ref, got),
+                cosine(ref, got),
                 float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64)), initial=0.0)),
                 lsb,
                 float(np.max(np.abs(ref.astype(np.float64)), initial=0.0)),

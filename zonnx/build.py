@@ -10,8 +10,6 @@ __all__ = ["BuildOptions", "BuildReport", "run_build"]
 
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from rich.console import Console
 from zonnx import zoo
 from zonnx.errors import ModelSaveError
 from zonnx.inspection import inspect_model, render_summary, summary_to_dict
-from zonnx.ir.io import load_proto, save_model
+from zonnx.ir.io import load_proto, save_model, write_bytes_atomic
 from zonnx.optimization import OptimizeOptions, optimize_with_report
 from zonnx.passes.pipeline import VerifyOptions
 from zonnx.passes.report import pipeline_report_dict, render_pipeline_report
@@ -60,17 +58,6 @@ class BuildReport:
 
     def to_json(self) -> str:
         return json.dumps({"model": self.model, "stages": self.stages}, indent=2, default=str)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _resolve_model(name: str, console: Console) -> Path:
@@ -174,6 +161,6 @@ def run_build(options: BuildOptions, console: Console) -> BuildReport:
             markup=False,
         )
     report_path = out_dir / "report.json"
-    _write_text_atomic(report_path, report.to_json())
+    write_bytes_atomic(report_path, report.to_json().encode())
     console.print(f"wrote {optimized_path} and {report_path}", markup=False)
     return report

@@ -17,14 +17,7 @@ import onnx
 
 from zonnx import zoo
 from zonnx.errors import OptionError
-
-
-class _Reader:
-    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
-        self._it = iter(feeds)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._it, None)
+from zonnx.quantization.calibration.readers import ListReader
 
 
 def calibration_feeds(model_name: str, calib: str | None, model: onnx.ModelProto) -> Any:
@@ -37,9 +30,9 @@ def calibration_feeds(model_name: str, calib: str | None, model: onnx.ModelProto
         from zonnx.zoo.digits import digits_data
 
         x, _ = digits_data("calib")
-        return _Reader([{"input": x[i : i + 1]} for i in range(64)])
+        return ListReader([{"input": x[i : i + 1]} for i in range(64)])
     if model_name in zoo.names():
-        return _Reader(zoo.sample_inputs(model_name, 16, seed=1))
+        return ListReader(zoo.sample_inputs(model_name, 16, seed=1))
     raise OptionError(f"{model_name}: give calibration data with --calib to quantize it (or --no-quantize).")
 
 

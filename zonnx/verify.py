@@ -11,6 +11,7 @@ __all__ = [
     "run_ort",
     "compare_outputs",
     "check_loadable",
+    "cosine",
 ]
 
 import dataclasses
@@ -71,7 +72,9 @@ def input_specs(
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
         if vi.name in shapes:
             shape = tuple(int(d) for d in shapes.pop(vi.name))
-            declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
+            declared = [
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim
+            ]
             if tt.HasField("shape") and (
                 len(shape) != len(declared) or any(d and d != s for d, s in zip(declared, shape, strict=True))
             ):
@@ -143,7 +146,8 @@ def run_ort(model: ModelLike, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
     return dict(zip(names, outs, strict=True))
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity in float64; two all-zero tensors are identical (1.0), one all-zero is 0.0."""
     a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     na, nb = np.linalg.norm(a64), np.linalg.norm(b64)
     if na == 0 and nb == 0:
@@ -173,7 +177,7 @@ def compare_outputs(
             raise VerificationError(f"output {name!r}: NaN/Inf positions differ after the rewrite.")
         err = float(np.max(np.abs(r64[finite] - g64[finite]))) if finite.any() else 0.0
         rng = float(r64[finite].max() - r64[finite].min()) if finite.any() else 0.0
-        diffs.append(OutputDiff(name, err, rng, _cosine(np.where(finite, ref, 0), np.where(finite, got, 0))))
+        diffs.append(OutputDiff(name, err, rng, cosine(np.where(finite, ref, 0), np.where(finite, got, 0))))
     return diffs
 
 

@@ -16,6 +16,7 @@ from onnxruntime.quantization import quantize_static as ort_quantize_static
 import zonnx
 from zonnx import zoo
 from zonnx.errors import OptionError, ZonnxError
+from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.enums import PowerOfTwoMethod, VitisQuantFormat
 from zonnx.zoo.digits import digits_data, evaluate_top1
 
@@ -29,14 +30,6 @@ class DigitsReader(CalibrationDataReader):
 
     def get_next(self):
         return next(self.feeds, None)
-
-
-class ListReader:
-    def __init__(self, feeds):
-        self.it = iter(feeds)
-
-    def get_next(self):
-        return next(self.it, None)
 
 
 @pytest.fixture(scope="module")
@@ -199,14 +192,6 @@ def test_missing_exclude_name_warns_with_close_match(tmp_path: Path, digits: Pat
     assert f"Did you mean {conv!r}" in caplog.text
 
 
-class _Reader:
-    def __init__(self, feeds):
-        self.it = iter(feeds)
-
-    def get_next(self):
-        return next(self.it, None)
-
-
 def _x(shape=(1, 1, 8, 8), dtype=np.float32):
     return np.zeros(shape, dtype)
 
@@ -237,7 +222,7 @@ def test_bad_input_gives_one_clear_error_and_no_file(
 ) -> None:
     out = tmp_path / "q.onnx"
     with pytest.raises(ZonnxError, match=message):
-        zonnx.quantize_static(digits, out, _Reader(feeds), **kwargs)
+        zonnx.quantize_static(digits, out, ListReader(feeds), **kwargs)
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
 
@@ -257,30 +242,60 @@ def test_no_reader_and_no_stats(tmp_path: Path, digits: Path) -> None:
 
 def test_saved_statistics_requantize_without_calibrating(tmp_path: Path, digits: Path) -> None:
     stats = tmp_path / "stats.npz"
-    first = zonnx.quantize_static(digits, tmp_path / "a.onnx", DigitsReader(),
-                                  calibrate_method=CalibrationMethod.Percentile,
-                                  extra_options={"SaveStats": str(stats)})
-    again = zonnx.quantize_static(digits, tmp_path / "b.onnx", None, calibrate_method=CalibrationMethod.Percentile,
-                                  extra_options={"LoadStats": str(stats)})
+    first = zonnx.quantize_static(
+        digits,
+        tmp_path / "a.onnx",
+        DigitsReader(),
+        calibrate_method=CalibrationMethod.Percentile,
+        extra_options={"SaveStats": str(stats)},
+    )
+    again = zonnx.quantize_static(
+        digits,
+        tmp_path / "b.onnx",
+        None,
+        calibrate_method=CalibrationMethod.Percentile,
+        extra_options={"LoadStats": str(stats)},
+    )
     for name, tp in first.plan.tensors.items():
         np.testing.assert_array_equal(tp.params.scale, again.plan.tensors[name].params.scale, err_msg=name)
-    other = zonnx.quantize_static(digits, tmp_path / "c.onnx", None, calibrate_method=CalibrationMethod.MinMax,
-                                  extra_options={"LoadStats": str(stats)})
-    changed = [n for n, tp in other.plan.tensors.items() if tp.role.value == "activation"
-               and not np.array_equal(tp.params.scale, first.plan.tensors[n].params.scale)]
+    other = zonnx.quantize_static(
+        digits,
+        tmp_path / "c.onnx",
+        None,
+        calibrate_method=CalibrationMethod.MinMax,
+        extra_options={"LoadStats": str(stats)},
+    )
+    changed = [
+        n
+        for n, tp in other.plan.tensors.items()
+        if tp.role.value == "activation"
+        and not np.array_equal(tp.params.scale, first.plan.tensors[n].params.scale)
+    ]
     assert changed  # another method on the same statistics gives other ranges
     with pytest.raises(ZonnxError, match="different model|fingerprint|made for"):
-        zonnx.quantize_static(zoo.get("ppocr_cls"), tmp_path / "d.onnx", None, extra_options={"LoadStats": str(stats)})
+        zonnx.quantize_static(
+            zoo.get("ppocr_cls"), tmp_path / "d.onnx", None, extra_options={"LoadStats": str(stats)}
+        )
 
 
 def test_tpu_mlir_table_round_trip(tmp_path: Path, digits: Path) -> None:
     table = tmp_path / "cali_table"
-    first = zonnx.quantize_static(digits, tmp_path / "a.onnx", DigitsReader(), activation_type=QuantType.QUInt8,
-                                  extra_options={"ExportCalibrationTable": str(table)})
+    first = zonnx.quantize_static(
+        digits,
+        tmp_path / "a.onnx",
+        DigitsReader(),
+        activation_type=QuantType.QUInt8,
+        extra_options={"ExportCalibrationTable": str(table)},
+    )
     lines = [ln for ln in table.read_text().splitlines() if not ln.startswith("#")]
     assert lines and all(len(ln.split()) == 4 for ln in lines)
-    again = zonnx.quantize_static(digits, tmp_path / "b.onnx", None, activation_type=QuantType.QUInt8,
-                                  extra_options={"LoadCalibrationTable": str(table)})
+    again = zonnx.quantize_static(
+        digits,
+        tmp_path / "b.onnx",
+        None,
+        activation_type=QuantType.QUInt8,
+        extra_options={"LoadCalibrationTable": str(table)},
+    )
     for name, tp in first.plan.tensors.items():
         if tp.role.value == "activation":
             np.testing.assert_allclose(tp.params.scale, again.plan.tensors[name].params.scale, rtol=1e-6)

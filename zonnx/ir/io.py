@@ -12,6 +12,7 @@ __all__ = [
     "to_ir",
     "to_proto",
     "save_model",
+    "write_bytes_atomic",
     "default_opset",
 ]
 
@@ -157,6 +158,21 @@ def to_proto(model: ModelLike) -> onnx.ModelProto:
 
 def _tensor_bytes(proto: onnx.ModelProto) -> int:
     return sum(t.ByteSize() for t in onnx.external_data_helper._get_all_tensors(proto))
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``; a failure leaves
+    nothing behind and raises the OSError (callers word the message)."""
+    out = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent if str(out.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
 
 
 def save_model(

@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from rich.text import Text
 
 from zonnx.errors import ModelSaveError
 from zonnx.inspection.render import PLAIN_BOX
+from zonnx.ir.io import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -139,19 +139,11 @@ class LayerReport:
         if not folder.is_dir():
             raise ModelSaveError(f"{out}: folder {folder} does not exist; create it first.")
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=folder)
+            return write_bytes_atomic(out, self.to_json().encode())
         except OSError as e:
-            raise ModelSaveError(f"{out}: cannot write in {folder} ({e.strerror}).") from None
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-            os.replace(tmp, out)
-        except OSError as e:
-            Path(tmp).unlink(missing_ok=True)
             raise ModelSaveError(
                 f"{out}: cannot write the report ({e.strerror}); nothing was written."
             ) from None
-        return out
 
 
 @dataclasses.dataclass
