@@ -17,7 +17,6 @@ __all__ = ["calibrate_plan", "weight_and_bias_params", "activation_method"]
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -232,7 +231,3 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
             )
         else:
             tp.params = bias_params(x.params.scale, w.params)
-
-
-def method_label(method: Enum | str) -> str:
-    return method.name if isinstance(method, Enum) else str(method)

@@ -31,7 +31,6 @@ __all__ = [
 ]
 
 import dataclasses
-import math
 
 import numpy as np
 import onnx
@@ -230,12 +229,3 @@ def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
     scale = _broadcast(params.scale.astype(np.float32), q, params.axis)
     zp = _broadcast(params.zero_point.astype(np.int64), q, params.axis)
     return ((q.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.float32)
-
-
-def check_finite_range(name: str, rmin: float, rmax: float) -> None:
-    """Refuse NaN/Inf ranges with a message naming the tensor."""
-    if not (math.isfinite(rmin) and math.isfinite(rmax)):
-        raise OptionError(
-            f"tensor {name!r}: calibrated range [{rmin}, {rmax}] is not finite; "
-            "check the calibration data for NaN/Inf."
-        )
