@@ -103,7 +103,7 @@ class Builder:
         return f"{self.prefix}/{hint}_{self._n}"
 
     def const(self, value: np.ndarray | float | int, dtype: np.dtype | type, hint: str = "c") -> str:
-        arr = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        arr = np.array(value, dtype=dtype, order="C")  # keeps 0-d scalars (ascontiguousarray makes them 1-d)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self._consts:
             name = self.fresh(hint)

@@ -52,6 +52,8 @@ from .ort_kernels import (
     storage_of,
     to_storage,
 )
+from .ort_qlinear import conv_plan, emit_float32_add, emit_qlinear_add, emit_qlinear_conv
+from .qlinear_exact import ConvRequant
 
 logger = logging.getLogger(__name__)
 IR_VERSION = 10
@@ -88,9 +90,10 @@ def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
 
 
 class _Lowerer:
-    def __init__(self, program: Program, name: str, nhwc: bool = True) -> None:
-        self.p, self.b, self.nhwc_ok = program, Builder(name), nhwc
+    def __init__(self, program: Program, name: str, nhwc: bool = True, qlinear: bool = True) -> None:
+        self.p, self.b, self.nhwc_ok, self.qlinear = program, Builder(name), nhwc, qlinear
         self.env: dict[str, _Val] = {}
+        self.plans: dict[str, ConvRequant] = {}
 
     def info(self, tensor: str) -> TensorInfo:
         if tensor not in self.p.tensors:
@@ -122,7 +125,10 @@ class _Lowerer:
         fn = getattr(self, f"_{op.kind}", None)
         if fn is None:
             raise KernelError(f"op {op.name!r}: op kind {op.kind!r} has no ORT lowering.")
-        if op.kind in _ELEMENTWISE:  # the layout of the first input
+        plan = conv_plan(op, args[0].st, ost) if self.qlinear and op.kind == "conv" else None
+        if plan is not None:  # QLinearConv, NCHW: ORT's NHWC transformer picks the layout
+            self.plans[op.name], nhwc = plan, False
+        elif op.kind in _ELEMENTWISE:  # the layout of the first input
             nhwc = args[0].nhwc
         else:
             nhwc = self.nhwc_ok and op.kind in _CHANNELS_LAST and _wants_nhwc(op, args[0])
@@ -149,6 +155,8 @@ class _Lowerer:
     # -- linear ops ------------------------------------------------------------------------------
     def _conv(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
         (x,), a, w = args, op.attrs, op.params["w"].astype(np.int64)
+        if op.name in self.plans:
+            return emit_qlinear_conv(self.b, x.name, op, self.plans[op.name], x.st, ost)
         self.u8(x, op)
         if w.min() < -128 or w.max() > 127:
             raise KernelError(f"op {op.name!r}: weights outside int8 cannot run on ConvInteger.")
@@ -197,6 +205,10 @@ class _Lowerer:
     def _add(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
         a, m = op.attrs, [int(v) for v in op.params["multiplier"]]
         xa, xb = args
+        for emit in (emit_qlinear_add, emit_float32_add) if self.qlinear else ():
+            fused = emit(self.b, xa.name, xb.name, op, xa.st, xb.st, ost)
+            if fused is not None:
+                return fused
         const = -m[0] * (xa.st.offset + a["zp_a"]) - m[1] * (xb.st.offset + a["zp_b"])
         terms = [Term(xa.name, np.array(m[0]), self.xmax(xa)), Term(xb.name, np.array(m[1]), self.xmax(xb))]
         return self._req(op, terms, const, ost, ())
@@ -347,7 +359,13 @@ def _ceil_pads(shape: list, kernel: list, strides: list, pads: list, ceil: int) 
 
 
 def lower_program(
-    program: Program, *, name: str, opset: int = 17, expose: list[str] | None = None, nhwc: bool = True
+    program: Program,
+    *,
+    name: str,
+    opset: int = 17,
+    expose: list[str] | None = None,
+    nhwc: bool = True,
+    qlinear: bool = True,
 ) -> LoweredProgram:
     """ORT nodes computing ``program`` exactly (module docstring); ``expose`` adds tensors as outputs.
 
@@ -356,7 +374,7 @@ def lower_program(
     """
     if opset < 13:
         raise KernelError(f"opset {opset} is too old for the NPU lowering; use 13 or newer.")
-    low = _Lowerer(program, name, nhwc)
+    low = _Lowerer(program, name, nhwc, qlinear)
     b, lowered = low.b, LoweredProgram([], [], [], [], opset=opset)
     for info in program.inputs:
         gname = f"{name}/{info.name}"
