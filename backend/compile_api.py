@@ -186,6 +186,7 @@ def compile_model(
         cache_key=cache_key,
         source_sha256=hashlib.sha256(data).hexdigest(),
         version=__version__,
+        source_path=str(Path(model).resolve()) if isinstance(model, str | Path) else "",
     )
     seconds = time.perf_counter() - start
     logger.info("compiled %s for %s in %.2f s", where, tgt.name, seconds)

@@ -108,8 +108,13 @@ def build_compiled_model(
     cache_key: str = "",
     source_sha256: str = "",
     version: str = "",
+    source_path: str = "",
 ) -> onnx.ModelProto:
-    """The compiled model: ``source`` (nodes named) with each subgraph of ``partition`` replaced by its node."""
+    """The compiled model: ``source`` (nodes named) with each subgraph of ``partition`` replaced by its node.
+
+    Metadata records the quantized source's path (``source``, when known) and carries over the float
+    model's path the quantizer recorded (``float_source``), for ``zonnx run --compare golden``.
+    """
     model = onnx.ModelProto()
     model.CopyFrom(source)
     g = model.graph
@@ -178,6 +183,11 @@ def build_compiled_model(
         "program_version": str(FORMAT_VERSION),
         "partition": json.dumps(to_dict(partition), separators=(",", ":")),
     }
+    if source_path:
+        meta["source"] = source_path
+    float_source = {p.key: p.value for p in source.metadata_props}.get(META_PREFIX + "float_source")
+    if float_source:
+        meta["float_source"] = float_source
     kept_props = [p for p in model.metadata_props if not p.key.startswith(META_PREFIX)]
     del model.metadata_props[:]
     model.metadata_props.extend(kept_props)
@@ -299,6 +309,10 @@ def lower_npu_nodes(model: onnx.ModelProto, lower: Callable[..., Any], *, opset:
             m.output[:] = [rename.get(o, o) for o in m.output]
             nodes.append(m)
         g.initializer.extend(low.initializers)
+        for d, v in getattr(low, "opset_imports", {}).items():
+            if d not in domains:  # e.g. com.microsoft for NhwcMaxPool / QLinearAdd
+                out.opset_import.append(helper.make_opsetid(d, v))
+                domains.add(d)
         for f in low.functions:
             if (f.domain, f.name) not in have_fn:
                 out.functions.append(f)

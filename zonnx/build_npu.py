@@ -36,20 +36,23 @@ def calibration_feeds(model_name: str, calib: str | None, model: onnx.ModelProto
     raise OptionError(f"{model_name}: give calibration data with --calib to quantize it (or --no-quantize).")
 
 
-def quantize_for_target(optimized: Path, out: Path, target_name: str, reader: Any) -> dict[str, Any]:
-    """Quantize ``optimized`` to ``out`` the way ``target_name`` needs; returns the stage's report."""
+def target_quantize_kwargs(target_name: str, quant_format: Any = None) -> dict[str, Any]:
+    """``quantize_static`` keyword arguments that give the scheme ``target_name`` accepts.
+
+    Power-of-two targets: FixNeuron (or ``quant_format``, e.g. QDQ) with MinMSE power-of-two scales;
+    others: QDQ with the target's activation symmetry/dtype and weight granularity. ``Target`` is set.
+    """
     from zonnx.backend.targets import load_target
-    from zonnx.quantization.api import quantize_static
     from zonnx.quantization.enums import PowerOfTwoMethod, QuantFormat, VitisQuantFormat
 
     rules = load_target(target_name).quant
     if rules.scale == "power_of_two":
         kwargs: dict[str, Any] = dict(
-            quant_format=VitisQuantFormat.FixNeuron, calibrate_method=PowerOfTwoMethod.MinMSE
+            quant_format=quant_format or VitisQuantFormat.FixNeuron, calibrate_method=PowerOfTwoMethod.MinMSE
         )
     else:
         kwargs = dict(
-            quant_format=QuantFormat.QDQ,
+            quant_format=quant_format or QuantFormat.QDQ,
             per_channel=rules.weight_granularity == "per_channel",
             activation_type="int8" if rules.activation_symmetric else "uint8",
             extra_options={
@@ -58,6 +61,14 @@ def quantize_for_target(optimized: Path, out: Path, target_name: str, reader: An
             },
         )
     kwargs.setdefault("extra_options", {})["Target"] = target_name
+    return kwargs
+
+
+def quantize_for_target(optimized: Path, out: Path, target_name: str, reader: Any) -> dict[str, Any]:
+    """Quantize ``optimized`` to ``out`` the way ``target_name`` needs; returns the stage's report."""
+    from zonnx.quantization.api import quantize_static
+
+    kwargs = target_quantize_kwargs(target_name)
     result = quantize_static(optimized, out, reader, **kwargs)
     worst = result.report.worst if result.report is not None else None
     return {

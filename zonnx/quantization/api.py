@@ -302,6 +302,11 @@ def quantize_static(
 
         refinement = refine_model(model, target)
     proto = to_proto(model)
+    if isinstance(model_input, str | Path):  # for `zonnx run --compare golden` on the compiled model
+        kept = [p for p in proto.metadata_props if p.key != "zonnx.float_source"]
+        del proto.metadata_props[:]
+        proto.metadata_props.extend(kept)
+        proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
     result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement)
     if reader is not None and reader.kept:
         from zonnx.quantization.report import layer_report
