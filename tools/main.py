@@ -12,7 +12,16 @@ from rich.markup import escape
 
 from zonnx import __version__
 from zonnx.errors import ZonnxError
-from zonnx.tools import build_cmd, compile_cmd, convert_cmd, inspect_cmd, optimize_cmd, quantize_cmd
+from zonnx.tools import (
+    build_cmd,
+    compile_cmd,
+    convert_cmd,
+    inspect_cmd,
+    optimize_cmd,
+    profile_cmd,
+    quantize_cmd,
+    run_cmd,
+)
 from zonnx.tools.console import err_console
 
 app = typer.Typer(
@@ -29,6 +38,8 @@ app.command("quantize")(quantize_cmd.quantize)
 app.command("compile")(compile_cmd.compile)
 app.command("build")(build_cmd.build)
 app.command("convert")(convert_cmd.convert)
+app.command("run")(run_cmd.run)
+app.command("profile")(profile_cmd.profile)
 
 
 def _version(value: bool) -> None:
