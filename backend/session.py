@@ -44,204 +44,31 @@ from zonnx.backend.cache import (
 )
 from zonnx.backend.compile_api import compile_model, not_quantized_message
 from zonnx.backend.compiled import (
-    NPU_DOMAIN,
-    NPU_OP,
     CompiledModelError,
     compiled_info,
     is_compiled,
     lower_npu_nodes,
     partition_from_dict,
-    read_program,
 )
 from zonnx.backend.partition import Partition
-from zonnx.backend.runtime.reference import run_program
+from zonnx.backend.provider_options import (
+    CPU_PROVIDER,
+    NPU_PROVIDER,
+    NpuOptions,
+    parse_provider_options,
+    provider_table,
+)
+from zonnx.backend.runtime.ort_lowering import LOWERING_VERSION, lower_program
+from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
 from zonnx.ir.io import load_proto
 
 logger = logging.getLogger(__name__)
 
-NPU_PROVIDER = "ZonnxNPUExecutionProvider"
-CPU_PROVIDER = "CPUExecutionProvider"
-_ALIASES = {"cacheDir": "cache_dir", "cacheKey": "cache_key", "configFile": "config_file"}
-_ORT_TYPES = {
-    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
-    "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(int16)": np.int16,
-    "tensor(uint16)": np.uint16, "tensor(int32)": np.int32, "tensor(uint32)": np.uint32,
-    "tensor(int64)": np.int64, "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
-}  # fmt: skip
-
-try:  # written in parallel; the reference executor is the fallback until it lands
-    from zonnx.backend.runtime.ort_lowering import lower_program
-except ImportError:  # pragma: no cover - depends on the checkout
-    lower_program = None
-
 
 class InvalidInputError(ZonnxError, ValueError):
     """A feed has the wrong name, shape or dtype (ORT's INVALID_ARGUMENT, naming the input)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class NpuOptions:
-    """The NPU provider's options, parsed strictly (see the module docstring for meanings and defaults)."""
-
-    target: str = "dpu-b4096"
-    cache_dir: str = ""
-    cache_key: str = ""
-    config_file: str = ""
-    executor: str = "auto"
-    fallback: str = "none"
-    min_nodes: int = 2
-    enable_cache: bool = True
-
-    def as_strings(self) -> dict[str, str]:
-        return {
-            k: (str(int(v)) if isinstance(v, bool) else str(v)) for k, v in dataclasses.asdict(self).items()
-        }
-
-
-_CHOICES = {"executor": ("auto", "ort", "reference"), "fallback": ("none", "cpu")}
-
-
-def _value(key: str, value: Any) -> Any:
-    if key == "min_nodes":
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise OptionError(f"provider option min_nodes: must be an integer, got {value!r}.") from None
-    if key == "enable_cache":
-        text = str(value).strip().lower()
-        if text not in ("0", "1", "true", "false"):
-            raise OptionError(f"provider option enable_cache: must be 0/1/true/false, got {value!r}.")
-        return text in ("1", "true")
-    text = str(value)
-    if key in _CHOICES and text not in _CHOICES[key]:
-        raise OptionError(
-            f"provider option {key}: must be one of {', '.join(_CHOICES[key])}, got {text!r}."
-            + did_you_mean(text, _CHOICES[key])
-        )
-    return text
-
-
-def parse_provider_options(options: Mapping[str, Any] | None) -> NpuOptions:
-    """Strict parse: unknown keys get a "did you mean"; ``config_file`` entries fill keys not given."""
-    known = {f.name for f in dataclasses.fields(NpuOptions)}
-    given: dict[str, Any] = {}
-    for raw, value in (options or {}).items():
-        key = _ALIASES.get(raw, raw)
-        if key not in known:
-            raise OptionError(
-                f"unknown {NPU_PROVIDER} option {raw!r}.{did_you_mean(raw, [*known, *_ALIASES])} "
-                f"Known options: {', '.join(sorted(known))} (VOE spellings cacheDir, cacheKey accepted)."
-            )
-        given[key] = _value(key, value)
-    if given.get("config_file"):
-        path = Path(given["config_file"]).expanduser()
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise OptionError(
-                f"config_file {path}: cannot be read as JSON ({e}); fix the path or the file."
-            ) from None
-        if not isinstance(data, dict):
-            raise OptionError(f"config_file {path}: must hold a JSON object of provider options.")
-        for raw, value in data.items():
-            key = _ALIASES.get(raw, raw)
-            if key in known and key != "config_file" and key not in given:
-                given[key] = _value(key, value)
-            elif key not in known:
-                logger.debug("config_file %s: key %r is not a zonnx option; ignored", path, raw)
-    return NpuOptions(**given)
-
-
-def _providers(
-    providers: Sequence[Any] | None, options: Sequence[Mapping[str, Any]] | None
-) -> dict[str, dict]:
-    """Provider name -> its options, in order (ORT's forms: names + parallel options, or (name, dict) pairs)."""
-    providers = list(providers) if providers is not None else [NPU_PROVIDER, CPU_PROVIDER]
-    options = list(options) if options is not None else []
-    if options and len(options) != len(providers):
-        raise OptionError(
-            f"provider_options has {len(options)} entries for {len(providers)} providers; give one dict per provider."
-        )
-    out: dict[str, dict] = {}
-    for i, p in enumerate(providers):
-        name, opts = (p[0], dict(p[1])) if isinstance(p, tuple | list) else (p, {})
-        if options:
-            opts.update(options[i] or {})
-        if name not in (NPU_PROVIDER, CPU_PROVIDER):
-            choices = [NPU_PROVIDER, CPU_PROVIDER]
-            raise OptionError(
-                f"unknown provider {name!r}.{did_you_mean(str(name), choices)} Available: {', '.join(choices)}."
-            )
-        out[name] = opts
-    return out
-
-
-def _ort_session(model: bytes, sess_options: ort.SessionOptions | None) -> ort.InferenceSession:
-    try:
-        return ort.InferenceSession(model, sess_options, providers=[CPU_PROVIDER])
-    except Exception as e:  # ORT raises its own exception types
-        raise ZonnxError(f"ONNX Runtime cannot load the model ({str(e).strip()[:400]}).") from None
-
-
-class _Stages:
-    """The reference executor: ORT sessions over CPU parts, numpy ``run_program`` for NPU nodes, in order."""
-
-    def __init__(self, model: onnx.ModelProto, sess_options: ort.SessionOptions | None) -> None:
-        g = model.graph
-        inits = {t.name: t for t in g.initializer}
-        types = {i.name: i.type.tensor_type.elem_type for i in g.input}
-        self.stages: list[tuple[str, Any, list[str], list[str]]] = []
-        cpu: list[onnx.NodeProto] = []
-        for n in g.node:  # topological order: runs of CPU nodes between NPU nodes
-            if not (n.op_type == NPU_OP and n.domain == NPU_DOMAIN):
-                cpu.append(n)
-                continue
-            if cpu:
-                self.stages.append(self._cpu_stage(model, cpu, inits, types, sess_options))
-                cpu = []
-            prog = read_program(n)
-            self.stages.append(("npu", prog, list(n.input), list(n.output)))
-            for o, info in zip(n.output, prog.outputs, strict=True):
-                types[o] = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
-        if cpu:
-            self.stages.append(self._cpu_stage(model, cpu, inits, types, sess_options))
-        self.output_names = [o.name for o in g.output]
-
-    @staticmethod
-    def _cpu_stage(model, nodes, inits, types, sess_options) -> tuple[str, Any, list[str], list[str]]:
-        made = {o for n in nodes for o in n.output}
-        needed = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in made))
-        feeds = [i for i in needed if i not in inits]
-        outs = list(dict.fromkeys(o for n in nodes for o in n.output if o))
-        graph = onnx.helper.make_graph(
-            nodes,
-            "stage",
-            [onnx.helper.make_tensor_value_info(i, types[i], None) for i in feeds],
-            [onnx.helper.make_value_info(o, onnx.TypeProto()) for o in outs],
-            [inits[i] for i in needed if i in inits],
-        )
-        stage = onnx.helper.make_model(
-            graph, opset_imports=list(model.opset_import), functions=list(model.functions)
-        )
-        stage.ir_version = model.ir_version
-        stage.metadata_props.extend(model.metadata_props)
-        sess = _ort_session(stage.SerializeToString(), sess_options)
-        for o in sess.get_outputs():
-            types[o.name] = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(_ORT_TYPES[o.type]))
-        return ("cpu", sess, feeds, outs)
-
-    def run(self, names: list[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        env = dict(feeds)
-        for kind, runner, ins, outs in self.stages:
-            if kind == "cpu":
-                env.update(zip(outs, runner.run(outs, {i: env[i] for i in ins}), strict=True))
-            else:
-                got = run_program(runner, {t.name: env[i] for t, i in zip(runner.inputs, ins, strict=True)})
-                for o, t in zip(outs, runner.outputs, strict=True):
-                    env[o] = got[t.name].astype(t.dtype)
-        return [env[n] for n in names]
 
 
 def _read(path_or_bytes: Any) -> tuple[bytes, str]:
@@ -270,10 +97,7 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
 
 
 def _lowering_id() -> str:
-    if lower_program is None:
-        return "none"
-    module = __import__(lower_program.__module__, fromlist=["_"])
-    return str(getattr(module, "LOWERING_VERSION", "1"))
+    return str(LOWERING_VERSION)
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -310,7 +134,7 @@ class InferenceSession:
     ) -> None:
         start = time.perf_counter()
         self._sess_options = sess_options
-        chosen = _providers(providers, provider_options)
+        chosen = provider_table(providers, provider_options)
         self._cpu_options = chosen.get(CPU_PROVIDER, {})
         self.options = parse_provider_options(chosen.get(NPU_PROVIDER)) if NPU_PROVIDER in chosen else None
         self.partition: Partition | None = None
@@ -352,7 +176,7 @@ class InferenceSession:
     def _run_on_cpu(self, data: bytes) -> None:
         self.executor = "cpu"
         self._providers = [CPU_PROVIDER]
-        self._ort = _ort_session(data, self._sess_options)
+        self._ort = ort_cpu_session(data, self._sess_options)
         self._stages = None
 
     def _create_npu(self, data: bytes, where: str, compiled: onnx.ModelProto | None) -> None:
@@ -360,15 +184,7 @@ class InferenceSession:
         assert opts is not None
         mode = opts.executor
         if mode == "auto":
-            mode = "ort" if lower_program is not None else "reference"
-            if lower_program is None:
-                logger.warning(
-                    "the ORT-native lowering is not available; NPU subgraphs run in the numpy reference"
-                )
-        elif mode == "ort" and lower_program is None:
-            raise OptionError(
-                "executor 'ort': zonnx.backend.runtime.ort_lowering is not installed; use 'reference'."
-            )
+            mode = "ort"
         self.executor = mode
         exe_id = _lowering_id() if mode == "ort" else ""
         if compiled is not None:
@@ -431,9 +247,9 @@ class InferenceSession:
         if mode == "ort":
             if exe is None:
                 exe = lower_npu_nodes(compiled, lower_program, opset=_opset(compiled)).SerializeToString()
-            self._ort, self._stages = _ort_session(exe, self._sess_options), None
+            self._ort, self._stages = ort_cpu_session(exe, self._sess_options), None
         else:
-            self._stages = _Stages(compiled, self._sess_options)
+            self._stages = StagedExecutor(compiled, self._sess_options)
             self._ort = next((r for k, r, _, _ in self._stages.stages if k == "cpu"), None)
         self._compiled, self.partition = compiled, partition
         self._providers = [NPU_PROVIDER, CPU_PROVIDER]
@@ -472,7 +288,7 @@ class InferenceSession:
             t = v.type.tensor_type
             dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
             np_type = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
-            name = next(k for k, d in _ORT_TYPES.items() if np.dtype(d) == np_type)
+            name = next(k for k, d in ORT_TYPES.items() if np.dtype(d) == np_type)
             out.append(_NodeArg(v.name, name, dims))
         return out
 
@@ -509,7 +325,7 @@ class InferenceSession:
                     f"input {name!r} is missing from the feed (expected {arg.type} {arg.shape})."
                 )
             x = np.asarray(feeds[name])
-            want = np.dtype(_ORT_TYPES.get(arg.type, x.dtype))
+            want = np.dtype(ORT_TYPES.get(arg.type, x.dtype))
             if x.dtype != want:
                 raise InvalidInputError(
                     f"input {name!r}: unexpected data type, actual: tensor({x.dtype}), expected: {arg.type}; "

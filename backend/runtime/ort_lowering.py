@@ -29,7 +29,7 @@ Public API: ``lower_program``, ``LoweredProgram``, ``program_to_model``.
 
 from __future__ import annotations
 
-__all__ = ["LoweredProgram", "lower_program", "program_to_model", "KernelError"]
+__all__ = ["LOWERING_VERSION", "LoweredProgram", "lower_program", "program_to_model", "KernelError"]
 
 import dataclasses
 import logging
@@ -57,6 +57,8 @@ from .qlinear_exact import ConvRequant
 
 logger = logging.getLogger(__name__)
 IR_VERSION = 10
+#: Bumped when lowered graphs change (2: QLinearConv/QLinearAdd/float32 add paths).
+LOWERING_VERSION = 2
 MS_DOMAIN = "com.microsoft"  # NhwcMaxPool: an ORT CPU contrib kernel (uint8/int8)
 
 
