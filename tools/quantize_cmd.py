@@ -73,10 +73,26 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
     ]
     if result.refinement is not None:
         changes = result.refinement.counts
-        rows.append(("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed"))
+        rows.append(
+            ("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed")
+        )
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def _target_defaults(target: str | None) -> dict:
+    """The scheme a target accepts (``target_quantize_kwargs``) as CLI option values; options given win."""
+    if not target:
+        return {}
+    from zonnx.build_npu import target_quantize_kwargs
+
+    out = dict(target_quantize_kwargs(str(target)))
+    for key in ("quant_format", "calibrate_method"):
+        if key in out:
+            out[key] = out[key].name.lower()
+    out["extra_options"] = {k: v for k, v in out.get("extra_options", {}).items() if k != "Target"}
+    return out
 
 
 def quantize(
@@ -91,7 +107,11 @@ def quantize(
     ),
     weight_method: str = typer.Option(None, "--weight-method", help="Weight calibration method (minmax)."),
     fmt: str = typer.Option(None, "--format", help="qdq, qoperator, fixneuron or vitisqdq."),
-    target: str = typer.Option(None, "--target", help="NPU target whose constraints refine the result."),
+    target: str = typer.Option(
+        None,
+        "--target",
+        help="NPU target: its scheme fills the options not given, its rules refine the result.",
+    ),
     per_channel: bool = typer.Option(None, "--per-channel/--per-tensor", help="Per-channel weights."),
     activation_type: str = typer.Option(
         None, "--activation-type", help="int8, uint8, int16, uint16, bfloat16."
@@ -116,13 +136,16 @@ def quantize(
         None, "--load-stats", help="Reuse saved statistics instead of calibrating."
     ),
     export_table: Path = typer.Option(None, "--export-table", help="Write a TPU-MLIR calibration table."),
-    load_table: Path = typer.Option(None, "--load-table", help="Take ranges from a TPU-MLIR calibration table."),
+    load_table: Path = typer.Option(
+        None, "--load-table", help="Take ranges from a TPU-MLIR calibration table."
+    ),
     extra: list[str] = typer.Option(None, "--extra", help="extra_options KEY=VALUE (repeatable)."),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
-    extra_options = {**cfg_file.get("extra_options", {}), **_extra(extra)}
+    tdef = _target_defaults(target or cfg_file.get("target"))
+    extra_options = {**tdef.get("extra_options", {}), **cfg_file.get("extra_options", {}), **_extra(extra)}
     for key, value in (
         ("Target", target or cfg_file.get("target")),
         ("SaveStats", save_stats),
@@ -134,14 +157,17 @@ def quantize(
             extra_options[key] = str(value)
     excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
     cfg = build_config(
-        quant_format=fmt or cfg_file.get("format", "qdq"),
+        quant_format=fmt or cfg_file.get("format", tdef.get("quant_format", "qdq")),
         op_types_to_quantize=parse_name_list(op_types) or cfg_file.get("op_types_to_quantize"),
-        per_channel=per_channel if per_channel is not None else cfg_file.get("per_channel", False),
+        per_channel=per_channel
+        if per_channel is not None
+        else cfg_file.get("per_channel", tdef.get("per_channel", False)),
         reduce_range=cfg_file.get("reduce_range", False),
-        activation_type=activation_type or cfg_file.get("activation_type", "int8"),
+        activation_type=activation_type
+        or cfg_file.get("activation_type", tdef.get("activation_type", "int8")),
         weight_type=weight_type or cfg_file.get("weight_type", "int8"),
         nodes_to_exclude=excluded,
-        calibrate_method=method or cfg_file.get("method", "minmax"),
+        calibrate_method=method or cfg_file.get("method", tdef.get("calibrate_method", "minmax")),
         extra_options={
             **(
                 {"WeightCalibrateMethod": weight_method or cfg_file["weight_method"]}

@@ -1,0 +1,71 @@
+"""``zonnx quantize``: a target fills the scheme it needs (the compiled result runs wholly on the NPU), errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tests.helpers import assert_one_line_error, run_cli
+from zonnx import zoo
+
+
+@pytest.fixture(scope="module")
+def calib(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("qcli")
+    feeds = zoo.sample_inputs("digits_cnn", 8, seed=3)
+    np.savez(d / "calib.npz", input=np.concatenate([f["input"] for f in feeds]))
+    return d / "calib.npz"
+
+
+def _activation_zero_points(path: Path) -> set[int]:
+    m = onnx.load(path)
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    zps = set()
+    for n in m.graph.node:
+        if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits:
+            zps |= {int(v) for v in np.ravel(inits[n.input[2]])}
+    return zps
+
+
+@pytest.mark.parametrize(("target", "op_type"), [("bm1684x", "QuantizeLinear"), ("dpu-b4096", "FixNeuron")])
+def test_target_fills_its_scheme(calib: Path, tmp_path: Path, target: str, op_type: str) -> None:
+    out = tmp_path / f"d_{target}.onnx"
+    run_cli(
+        "quantize",
+        str(zoo.get("digits_cnn")),
+        str(out),
+        "--calib",
+        str(calib),
+        "--target",
+        target,
+        check=True,
+    )
+    assert op_type in {n.op_type for n in onnx.load(out).graph.node}
+    if target == "bm1684x":  # symmetric int8 activations, as the target requires
+        assert _activation_zero_points(out) == {0}
+    proc = run_cli("compile", str(out), "--target", target, "-o", str(tmp_path / "c.onnx"), check=True)
+    assert "100.0% of 366,592 MACs on the NPU" in proc.stdout
+
+
+def test_given_options_win_over_the_target(calib: Path, tmp_path: Path) -> None:
+    out = tmp_path / "asym.onnx"
+    run_cli(
+        "quantize", str(zoo.get("digits_cnn")), str(out), "--calib", str(calib), "--target", "bm1684x",
+        "--activation-type", "uint8", "--extra", "ActivationSymmetric=false", check=True,
+    )  # fmt: skip
+    assert _activation_zero_points(out) != {0}
+    proc = run_cli("compile", str(out), "--target", "bm1684x", "-o", str(tmp_path / "c.onnx"), check=True)
+    assert "activations are symmetric" in proc.stdout  # the partition names the broken rule
+
+
+def test_bad_input(calib: Path, tmp_path: Path) -> None:
+    model = str(zoo.get("digits_cnn"))
+    proc = run_cli("quantize", model, str(tmp_path / "o.onnx"), "--calib", str(calib), "--target", "bm1864x")
+    assert_one_line_error(proc, "bm1864x", "bm1684x")
+    proc = run_cli("quantize", model, str(tmp_path / "o.onnx"))
+    assert_one_line_error(proc, "--calib")
+    assert not (tmp_path / "o.onnx").exists()
