@@ -310,3 +310,21 @@ def test_per_channel_gemm_with_weight_axis_1(tmp_path: Path, digits: Path) -> No
     zonnx.quantize_static(optimized, out, DigitsReader(), per_channel=True)
     x, y = digits_data("test")
     assert evaluate_top1(out, x, y) >= evaluate_top1(digits, x, y) - 0.003
+
+
+def test_target_scheme_mismatch_warns(tmp_path: Path, digits: Path, caplog) -> None:
+    """Asymmetric activations for a symmetric target: a warning with the fix; the target's kwargs: none."""
+    from zonnx.build_npu import target_quantize_kwargs
+
+    feeds = zoo.sample_inputs("digits_cnn", 4, seed=2)
+    with caplog.at_level(logging.WARNING, logger="zonnx.quantization.api"):
+        zonnx.quantize_static(
+            digits, tmp_path / "a.onnx", ListReader(feeds), extra_options={"Target": "bm1684x"}
+        )
+    assert "takes symmetric activations" in caplog.text and "target_quantize_kwargs" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="zonnx.quantization.api"):
+        zonnx.quantize_static(
+            digits, tmp_path / "b.onnx", ListReader(feeds), **target_quantize_kwargs("bm1684x")
+        )
+    assert "takes symmetric activations" not in caplog.text

@@ -269,6 +269,19 @@ def quantize_static(
         from zonnx.backend.targets import load_target
 
         target = load_target(cfg.extra.target)  # an unknown target fails before calibration
+        if (
+            target.quant.activation_symmetric
+            and not cfg.extra.activation_symmetric
+            and target.quant.scale != "power_of_two"
+        ):
+            logger.warning(
+                "Target %s takes symmetric activations but this call quantizes them asymmetric, so the "
+                "NPU will leave those nodes on the CPU; pass extra_options ActivationSymmetric=True "
+                "(and an int8 activation_type), or the keyword arguments of "
+                "zonnx.build_npu.target_quantize_kwargs(%r).",
+                target.name,
+                target.name,
+            )
     model = to_ir(
         onnx.ModelProto.FromString(model_input.SerializeToString())
         if isinstance(model_input, onnx.ModelProto)
