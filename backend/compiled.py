@@ -124,6 +124,15 @@ def build_compiled_model(
     nodes = [n for n in g.node if n.name not in on_npu]
     inits: list[onnx.TensorProto] = []
     infos: list[onnx.ValueInfoProto] = []
+    # A float boundary tensor read by several subgraphs, or written by one and read by another, gets
+    # one codes tensor ``{t}__npu_q``: made once by a boundary quantize, or taken from the writer.
+    made: set[str] = set()
+    npu_made = {
+        f"{info.name}__npu_q"
+        for prog in programs
+        for info in prog.outputs
+        if not _is_integer_tensor(info.name, producers, g_inputs)
+    }
     for sub, prog in zip(partition.subgraphs, programs, strict=True):
         blob = prog.to_bytes()
         ins, outs = [], []
@@ -132,9 +141,11 @@ def build_compiled_model(
                 ins.append(info.name)
                 continue
             q = f"{info.name}__npu_q"
-            new, more = _float_boundary(info, info.name, q, to_codes=True)
-            nodes += new
-            inits += more
+            if q not in made and q not in npu_made:
+                new, more = _float_boundary(info, info.name, q, to_codes=True)
+                nodes += new
+                inits += more
+                made.add(q)
             ins.append(q)
         for info in prog.outputs:
             if _is_integer_tensor(info.name, producers, g_inputs):

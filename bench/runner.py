@@ -309,7 +309,13 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark(
             "npu_speed",
             "bench.bench_npu_speed:bench_npu_speed",
-            "compiled ResNet-18 (NPU program lowered to ORT integer ops) vs ORT QDQ int8, per target",
+            "ResNet-18 through zonnx.InferenceSession (NPU) vs ORT running the same QDQ model, per target",
+        ),
+        Benchmark(
+            "npu_fidelity",
+            "bench.bench_npu_fidelity:bench_npu_fidelity",
+            "compiled NPU model vs its QDQ/FixNeuron model: output and per-layer LSB, cosine vs float, "
+            "NPU MAC share, every zoo model x target",
         ),
         Benchmark(
             "custom_ops",

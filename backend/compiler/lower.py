@@ -25,6 +25,9 @@ dequantizers and its output quantizer becomes one integer op (``real = S * (q - 
   every input code, ``table[q - qmin_x] = Q_y(f(S_x (q - Z_x)))`` in float64 with the output quantizer's
   rounding.
 
+Mul, Sub, Div, Add with a constant, MatMul of two activations (``lower_eltwise``) and Slice, Split,
+Gather, Pad (``lower_codes``) are lowered through ``lower_extra``.
+
 Add, pools and rescales round with ``quant.activation_round_mode`` (TPU-MLIR pools and eltwise round
 half away); Conv/Gemm/MatMul with ``quant.requant.round_mode``. Public API: ``compile_subgraph``,
 ``whole_model_subgraph``, ``CompileError``.
@@ -44,8 +47,10 @@ from onnx import numpy_helper
 from zonnx.backend.targets import Target, load_target
 from zonnx.errors import ZonnxError
 
+from . import lower_extra
 from . import params as om
 from .program import Op, Program, TensorInfo
+from .tiling import attach_tiling
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +205,7 @@ class _Lowering:
                 self.code_clamp(node, self.codes(ins[0], node), ins)
             elif op in _CODE_OPS:
                 self.code_op(node, self.codes(ins[0], node), ins)
-            elif op in _PENDING_OPS:
+            elif op in _PENDING_OPS or op in lower_extra.PENDING_OPS:
                 for v in ins:
                     if isinstance(v, _Pending):
                         raise CompileError(
@@ -208,6 +213,8 @@ class _Lowering:
                             "quantize every tensor between NPU ops (or leave the node on the CPU)."
                         )
                 self.val[node.output[0]] = _Pending(node, ins)
+            elif op in lower_extra.CODE_OPS:
+                lower_extra.code_op(self, node, self.codes(ins[0], node), ins)
             else:
                 raise CompileError(f"node {node.name!r}: op type {op} is not supported by the NPU compiler.")
 
@@ -319,6 +326,8 @@ class _Lowering:
         sources = [*p.sources, qname]
         lo, hi = self.clamp_bounds(p.acts, qp)
         base = {"zp_out": int(qp.zp), "lo": lo, "hi": hi}
+        if lower_extra.claims(p):
+            return lower_extra.lower_pending(self, p, out, qp, sources, base)
         if op in ("Conv", "Gemm", "MatMul"):
             x, w = p.ins[0], p.ins[1]
             if not isinstance(x, _Codes) or not isinstance(w, _Const) or w.qp is None:
@@ -437,4 +446,5 @@ def compile_subgraph(
             low.emit("copy", f"{name}_copy", [v.tensor], [name], {}, {}, [])
         out_infos.append(low.tensors[name])
     logger.info("compiled %d nodes into %d NPU ops for %s", len(node_names), len(low.ops), target.name)
-    return Program(in_infos, out_infos, low.ops, low.tensors, target.name, {"nodes": len(node_names)})
+    program = Program(in_infos, out_infos, low.ops, low.tensors, target.name, {"nodes": len(node_names)})
+    return attach_tiling(program, target)  # the on-chip tiling plan travels in program.meta["tiling"]

@@ -30,6 +30,7 @@ from zonnx.backend.targets import Target
 from zonnx.custom_ops import grid
 from zonnx.errors import ZonnxError
 
+from .channels import fold_constant_channels
 from .program import TensorInfo
 from .requant import pof2_exponent, quantize_multiplier
 
@@ -221,7 +222,6 @@ def lower_linear(
         n_out, spatial = w.shape[0], w.ndim - 2
         w_int = w - _bcast(wq.zp, w.ndim, wq.axis)
         sw = np.broadcast_to(wq.scale.reshape(-1), (n_out,))
-        wsum = w_int.reshape(n_out, -1).sum(axis=1)
         attrs = {
             "strides": list(a.get("strides", [1] * spatial)),
             "pads": list(a.get("pads", [0] * 2 * spatial)),
@@ -242,11 +242,16 @@ def lower_linear(
         n_out = w.shape[1]
         w_int = w - _bcast(wq.zp, 2, None if axis is None else 1)
         sw = np.broadcast_to(wq.scale.reshape(-1), (n_out,))
-        wsum = w_int.sum(axis=0)
         attrs, kind = {}, "matmul"
     s_acc = sx * sw * alpha
     b_acc = _bias_acc(bias, s_acc, n_out, beta)
     m, s = multipliers(s_acc / sy * mul, target, node.name)
+    w_oc = w_int if kind == "conv" else w_int.T  # output-channel-major
+    reach = np.abs(w_oc).reshape(n_out, -1).sum(axis=1) * max(abs(xq.qmin - zx), abs(xq.qmax - zx))
+    m, s = np.broadcast_to(m, (n_out,)), np.broadcast_to(s, (n_out,))
+    w_oc, b_acc, m, s = fold_constant_channels(w_oc, b_acc, m, s, reach, target.quant.requant.round_mode)
+    w_int = w_oc if kind == "conv" else w_oc.T
+    wsum = w_oc.reshape(n_out, -1).sum(axis=1)
     params = {
         "w": _storage(w_int),
         "bias": (b_acc - zx * wsum).astype(np.int64),

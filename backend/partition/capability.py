@@ -24,7 +24,8 @@ quantizers, through at most one fused activation [not_quantized, activation]; th
 scales, zero points and granularity fit ``target.quant`` [dtype, scale, zero_point, granularity]; the
 op's inputs and outputs have static shapes (every seed compiler builds for fixed shapes; a symbolic
 leading batch dim is set to 1, other input dims come from ``input_shapes``) [dynamic_shape]; the row's
-limits hold (``limits.py``; quantizer rules in ``qparams.py``) [kernel, stride, pad, dilation, channels, buffer, mode, attribute].
+limits hold (``limits.py``; quantizer rules in ``qparams.py``) [kernel, stride, pad, dilation, channels, buffer, mode, attribute]; zonnx's compiler
+lowers the group (``lowerable.py``) [no_lowering].
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from collections.abc import Mapping, Sequence
 import onnx_ir as ir
 
 from zonnx.backend.partition.limits import check_limits, select_kind
+from zonnx.backend.partition.lowerable import is_param_operand, lowering_rule
 from zonnx.backend.partition.qparams import QInfo, dtype_name, quant_rule
 from zonnx.backend.partition.shapes import ShapeTable
 from zonnx.backend.targets import Target, load_target
@@ -215,7 +217,10 @@ class _Proposer:
         return [
             (i, v)
             for i, v in enumerate(node.inputs)
-            if v is not None and i not in params and (v.dtype is None or v.dtype in _FLOATS)
+            if v is not None
+            and i not in params
+            and (v.dtype is None or v.dtype in _FLOATS)
+            and not is_param_operand(node, i, v, self.target)
         ]
 
     def _check_inputs(self, anchor: ir.Node, members: Sequence[ir.Node]) -> tuple[str, str] | None:
@@ -320,6 +325,7 @@ class _Proposer:
             self._check_outputs(anchor, last, row),
             self._check_static(ops),
             check_limits(anchor, row[0], row[1], self.target, self.shapes),
+            lowering_rule(anchor, ops),
         ):
             if bad:
                 return bad[0], bad[1], row[0]

@@ -32,6 +32,7 @@ from __future__ import annotations
 __all__ = ["LOWERING_VERSION", "LoweredProgram", "lower_program", "program_to_model", "KernelError"]
 
 import dataclasses
+import functools
 import logging
 import math
 
@@ -41,6 +42,7 @@ from onnx import TensorProto, helper
 
 from zonnx.backend.compiler.program import Op, Program, TensorInfo
 
+from . import ort_lowering_extra
 from .ort_kernels import (
     Builder,
     KernelError,
@@ -57,8 +59,8 @@ from .qlinear_exact import ConvRequant
 
 logger = logging.getLogger(__name__)
 IR_VERSION = 10
-#: Bumped when lowered graphs change (2: QLinearConv/QLinearAdd/float32 add paths).
-LOWERING_VERSION = 2
+#: Bumped when lowered graphs change (2: QLinearConv/QLinearAdd/float32 adds; 3: mul, lincomb, matmul2, ...).
+LOWERING_VERSION = 3
 MS_DOMAIN = "com.microsoft"  # NhwcMaxPool: an ORT CPU contrib kernel (uint8/int8)
 
 
@@ -125,12 +127,14 @@ class _Lowerer:
         oinfo = self.info(op.outputs[0])
         ost = storage_of(oinfo.dtype)
         fn = getattr(self, f"_{op.kind}", None)
+        if fn is None and op.kind in ort_lowering_extra.LOWERINGS:
+            fn = functools.partial(ort_lowering_extra.LOWERINGS[op.kind], self)
         if fn is None:
             raise KernelError(f"op {op.name!r}: op kind {op.kind!r} has no ORT lowering.")
         plan = conv_plan(op, args[0].st, ost) if self.qlinear and op.kind == "conv" else None
         if plan is not None:  # QLinearConv, NCHW: ORT's NHWC transformer picks the layout
             self.plans[op.name], nhwc = plan, False
-        elif op.kind in _ELEMENTWISE:  # the layout of the first input
+        elif op.kind in _ELEMENTWISE or op.kind in ort_lowering_extra.ELEMENTWISE:  # the first input's layout
             nhwc = args[0].nhwc
         else:
             nhwc = self.nhwc_ok and op.kind in _CHANNELS_LAST and _wants_nhwc(op, args[0])

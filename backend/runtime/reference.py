@@ -10,6 +10,7 @@ Op kinds and their formulas (``R(v, M, s) = rshift_round(v * M, s, round_mode)``
 - ``maxpool`` (pads read ``pad_value``), ``clamp``, ``concat`` (then clamp), ``reshape``, ``flatten``,
   ``transpose``, ``squeeze``, ``unsqueeze``, ``copy``, ``resize_nearest`` (ONNX index rules): on codes
 - ``lut``: ``q_y = table[q_x - qmin_in]``
+- ``mul``, ``lincomb``, ``matmul2``, ``slice``, ``gather``, ``pad``: see ``reference_extra``
 
 Convolution and matmul products are taken in float64 BLAS when ``K * max|x| * max|w| + max|bias| < 2^53``
 (every partial sum is then an exactly representable integer, so the result is the exact integer sum),
@@ -30,6 +31,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from zonnx.backend.compiler.program import Op, Program
 from zonnx.backend.compiler.requant import requantize, rshift_round
 from zonnx.errors import ZonnxError
+
+from . import reference_extra
 
 logger = logging.getLogger(__name__)
 _EXACT = float(1 << 53)
@@ -239,6 +242,8 @@ _UNARY: dict[str, Callable[[np.ndarray, Op], np.ndarray]] = {
 
 def execute_op(op: Op, args: list[np.ndarray]) -> np.ndarray:
     """One op on int64 inputs; returns its int64 output."""
+    if op.kind in reference_extra.KINDS:
+        return reference_extra.execute(op, args)
     if op.kind == "add":
         return _add(args[0], args[1], op)
     if op.kind == "concat":

@@ -1,0 +1,103 @@
+"""What zonnx's NPU compiler can lower, checked at partition time so that one op never sinks a subgraph.
+
+A group the target's table accepts but the compiler cannot lower would fail at compile time and take
+its whole subgraph back to the CPU. ``lowering_rule`` refuses such groups up front (rule
+``no_lowering``), one by one, so that the rest of the subgraph stays on the NPU:
+
+- the op type has no integer lowering (``compiler.lower_extra.lowerable_op_types``: Softmax,
+  LayerNormalization, ConvTranspose, Reduce*, ... stay on the CPU);
+- Resize/Upsample other than nearest (the compiler moves codes; linear interpolation is not lowered);
+- an activation fused into the op other than Relu/Clip (the compiler fuses clamps only);
+- a parameter the compiler reads as a constant is computed at run time: Conv/Gemm weights, the
+  divisor of Div, the indices of Gather, Slice starts/ends/axes/steps, Pad pads.
+
+``is_param_operand`` says which float constant inputs are operation parameters rather than data that
+must be quantized: a scalar float constant of Mul/Div (TPU-MLIR's MulConst: ``x * c``, ``x / c``) or of
+Add/Sub (``x + c``) on targets with float scales; power-of-two targets need every constant quantized.
+"""
+
+from __future__ import annotations
+
+__all__ = ["lowering_rule", "is_param_operand", "RULE"]
+
+import logging
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from zonnx.backend.compiler.lower_extra import lowerable_op_types
+from zonnx.backend.targets import Target
+from zonnx.passes.fusion.matching import const_array
+from zonnx.quantization.refine.positions import is_refine_node
+
+logger = logging.getLogger(__name__)
+
+RULE = "no_lowering"
+_CONST_OPERAND_OPS = frozenset({"Mul", "Div", "Add", "Sub"})
+_FUSED_OK = frozenset({"Relu", "Clip"})
+#: (op type, input index) pairs the compiler needs as constants.
+_CONST_INPUTS = {
+    "Conv": (1,),
+    "Gemm": (1,),
+    "Div": (1,),
+    "Gather": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Pad": (1, 2, 3),
+    "Split": (1,),
+}
+_QUANTIZERS = {
+    "DequantizeLinear",
+    "VitisDequantizeLinear",
+    "FixNeuron",
+    "QuantizeLinear",
+    "VitisQuantizeLinear",
+}
+
+
+def _is_constant(value: ir.Value | None) -> bool:
+    """A constant, or a dequantizer / FixNeuron of one (a quantized constant)."""
+    if value is None or const_array(value) is not None:
+        return True
+    prod = value.producer()
+    return (
+        prod is not None
+        and prod.op_type in _QUANTIZERS
+        and bool(prod.inputs)
+        and const_array(prod.inputs[0]) is not None
+    )
+
+
+def is_param_operand(node: ir.Node, index: int, value: ir.Value, target: Target) -> bool:
+    """Whether input ``index`` of ``node`` is a float scalar constant the NPU op takes as a parameter."""
+    if (
+        node.op_type not in _CONST_OPERAND_OPS
+        or node.domain not in ("", "ai.onnx")
+        or target.quant.power_of_two
+    ):
+        return False
+    arr = const_array(value)
+    return arr is not None and arr.size == 1 and arr.dtype.kind == "f"
+
+
+def lowering_rule(anchor: ir.Node, members: Sequence[ir.Node]) -> tuple[str, str] | None:
+    """(``no_lowering``, reason) when the compiler cannot lower the group of ``anchor``, else None.
+
+    ``members`` are the group's nodes other than its output quantizers (the anchor first).
+    """
+    op, label = anchor.op_type, f"{anchor.op_type} {anchor.name!r}"
+    if op not in lowerable_op_types():
+        return RULE, f"{label}: zonnx's NPU compiler has no integer lowering for {op}"
+    if op in ("Resize", "Upsample"):
+        mode = anchor.attributes.get_string("mode", "nearest")
+        if mode != "nearest":
+            return RULE, f"{label}: only nearest Resize is lowered (mode {mode!r})"
+    for index in _CONST_INPUTS.get(op, ()):
+        if index < len(anchor.inputs) and not _is_constant(anchor.inputs[index]):
+            value = anchor.inputs[index]
+            return RULE, f"{label}: input {index} ({value.name!r}) must be a constant for the NPU compiler"
+    for node in members:
+        if node is not anchor and node.op_type not in _FUSED_OK and not is_refine_node(node):
+            return RULE, (
+                f"{label}: the compiler fuses only Relu/Clip into an op, not {node.op_type} {node.name!r}"
+            )
+    return None
