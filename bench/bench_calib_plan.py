@@ -41,8 +41,27 @@ def bench_calib_plan(ctx: BenchContext) -> list[Measurement]:
         run_only = ctx.time(lambda: [sess.run(None, f) for f in feeds]).median
         with_session = ctx.time(sweep_with_session).median
         note = f"{len(names)} tensors, {n} samples; vs run-only sweep {calib / run_only:.2f}x"
-        out.append(Measurement(f"ResNet-18 calibration {method} vs float sweep incl. session", calib, "s", LOWER,
-                               peer="float sweep", peer_value=with_session, target=target, note=note))
-        out.append(Measurement(f"ResNet-18 calibration {method} vs float sweep, run only", calib, "s", LOWER,
-                               peer="float sweep (runs)", peer_value=run_only, target=target))
+        out.append(
+            Measurement(
+                f"ResNet-18 calibration {method} vs float sweep incl. session",
+                calib,
+                "s",
+                LOWER,
+                peer="float sweep",
+                peer_value=with_session,
+                target=target,
+                note=note,
+            )
+        )
+        out.append(
+            Measurement(
+                f"ResNet-18 calibration {method} vs float sweep, run only",
+                calib,
+                "s",
+                LOWER,
+                peer="float sweep (runs)",
+                peer_value=run_only,
+                target=target,
+            )
+        )
     return out

@@ -27,8 +27,16 @@ def bench_graph_tools(ctx: BenchContext) -> list[Measurement]:
             lambda p=path: inspect_model(p),
             lambda p=path: onnx.shape_inference.infer_shapes(onnx.load(p), data_prop=True),
         )
-        out.append(Measurement(f"{name}: inspect", t_inspect.median, "s", LOWER,
-                               peer="onnx load+infer_shapes", peer_value=t_infer.median))
+        out.append(
+            Measurement(
+                f"{name}: inspect",
+                t_inspect.median,
+                "s",
+                LOWER,
+                peer="onnx load+infer_shapes",
+                peer_value=t_infer.median,
+            )
+        )
         proto = load_proto(path)
         opts = OptimizeOptions()
         t_opt, t_slim = ctx.time_pair(
@@ -36,7 +44,15 @@ def bench_graph_tools(ctx: BenchContext) -> list[Measurement]:
             lambda m=proto: onnxslim.slim(onnx.ModelProto.FromString(m.SerializeToString())),
         )
         result = optimize_with_report(proto, opts)
-        out.append(Measurement(f"{name}: optimize (pre_quant)", t_opt.median, "s", LOWER, peer="onnxslim",
-                               peer_value=t_slim.median,
-                               note=f"nodes {result.report.nodes_before} -> {result.report.nodes_after}"))
+        out.append(
+            Measurement(
+                f"{name}: optimize (pre_quant)",
+                t_opt.median,
+                "s",
+                LOWER,
+                peer="onnxslim",
+                peer_value=t_slim.median,
+                note=f"nodes {result.report.nodes_before} -> {result.report.nodes_after}",
+            )
+        )
     return out

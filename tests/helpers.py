@@ -61,7 +61,9 @@ def run_cli(*args: str, check: bool = False, cwd: str | None = None) -> subproce
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "zonnx.tools.main"]
     proc = subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
     if check and proc.returncode != 0:
-        raise AssertionError(f"zonnx {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"zonnx {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 

@@ -20,7 +20,9 @@ def cls_model() -> Path:
 
 def test_optimize_verify_on_ppocr_cls(tmp_path: Path, cls_model: Path) -> None:
     out = tmp_path / "cls.opt.onnx"
-    proc = run_cli("optimize", str(cls_model), str(out), "--verify", "--input-shape", "x:1,3,48,192", check=True)
+    proc = run_cli(
+        "optimize", str(cls_model), str(out), "--verify", "--input-shape", "x:1,3,48,192", check=True
+    )
     assert "fold-batchnorm" in proc.stdout and "verify: max error" in proc.stdout
     model = onnx.load(out)
     assert model.ir_version <= 13
@@ -30,7 +32,9 @@ def test_optimize_verify_on_ppocr_cls(tmp_path: Path, cls_model: Path) -> None:
 
 
 def test_json_report(tmp_path: Path, cls_model: Path) -> None:
-    proc = run_cli("optimize", str(cls_model), str(tmp_path / "o.onnx"), "--json", "--passes", "clean", check=True)
+    proc = run_cli(
+        "optimize", str(cls_model), str(tmp_path / "o.onnx"), "--json", "--passes", "clean", check=True
+    )
     report = json.loads(proc.stdout)
     assert [p["name"] for p in report["passes"]][0] == "opset-upgrade"
     assert report["nodes_after"] <= report["nodes_before"]
@@ -70,9 +74,13 @@ def test_truncated_model_and_unwritable_output(tmp_path: Path, cls_model: Path) 
 
 def test_option_errors(tmp_path: Path, cls_model: Path) -> None:
     out = str(tmp_path / "o.onnx")
-    assert_one_line_error(run_cli("optimize", str(cls_model), out, "--skip", "fold-batchnrom"), "fold-batchnorm")
+    assert_one_line_error(
+        run_cli("optimize", str(cls_model), out, "--skip", "fold-batchnrom"), "fold-batchnorm"
+    )
     assert_one_line_error(run_cli("optimize", str(cls_model), out, "--opset", "11"), "--opset 11")
-    assert_one_line_error(run_cli("optimize", str(cls_model), out, "--verify", "--input-shape", "x:1,3"), "x:1,3")
+    assert_one_line_error(
+        run_cli("optimize", str(cls_model), out, "--verify", "--input-shape", "x:1,3"), "x:1,3"
+    )
 
 
 def test_version_and_help() -> None:
