@@ -132,8 +132,8 @@ class _Lowerer:
         if fn is None:
             raise KernelError(f"op {op.name!r}: op kind {op.kind!r} has no ORT lowering.")
         plan = conv_plan(op, args[0].st, ost) if self.qlinear and op.kind == "conv" else None
-        if plan is not None:  # QLinearConv, NCHW: ORT's NHWC transformer picks the layout
-            self.plans[op.name], nhwc = plan, False
+        if plan is not None:  # QLinearConv: channels-last (com.microsoft) unless NHWC is off
+            self.plans[op.name], nhwc = plan, self.nhwc_ok and _rank4(args[0])
         elif op.kind in _ELEMENTWISE or op.kind in ort_lowering_extra.ELEMENTWISE:  # the first input's layout
             nhwc = args[0].nhwc
         else:
@@ -162,7 +162,7 @@ class _Lowerer:
     def _conv(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
         (x,), a, w = args, op.attrs, op.params["w"].astype(np.int64)
         if op.name in self.plans:
-            return emit_qlinear_conv(self.b, x.name, op, self.plans[op.name], x.st, ost)
+            return emit_qlinear_conv(self.b, x.name, op, self.plans[op.name], x.st, ost, channels_last=x.nhwc)
         self.u8(x, op)
         if w.min() < -128 or w.max() > 127:
             raise KernelError(f"op {op.name!r}: weights outside int8 cannot run on ConvInteger.")
@@ -336,6 +336,10 @@ class _Lowerer:
 #: Ops that keep their input's layout; ops that run channels-last when ``_wants_nhwc`` says so.
 _ELEMENTWISE = {"add", "rescale", "clamp", "lut", "copy"}
 _CHANNELS_LAST = {"conv", "maxpool", "avgpool"}
+
+
+def _rank4(x: _Val) -> bool:
+    return x.info.shape is None or len(x.info.shape) == 4
 
 
 def _wants_nhwc(op: Op, x: _Val) -> bool:

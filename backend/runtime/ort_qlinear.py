@@ -56,8 +56,21 @@ def _clip_u8(b: Builder, name: str, lo: int, hi: int) -> str:
     return b.op("Clip", [name, b.const(max(lo, 0), np.uint8, "lo"), b.const(min(hi, 255), np.uint8, "hi")])
 
 
-def emit_qlinear_conv(b: Builder, x: str, op: Op, plan: ConvRequant, x_st: Storage, out_st: Storage) -> str:
-    """NCHW ``QLinearConv`` (x_scale = y_scale = 1, w_scale = sigma) plus a uint8 Clip for narrow bounds."""
+def emit_qlinear_conv(
+    b: Builder,
+    x: str,
+    op: Op,
+    plan: ConvRequant,
+    x_st: Storage,
+    out_st: Storage,
+    *,
+    channels_last: bool = False,
+) -> str:
+    """``QLinearConv`` (x_scale = y_scale = 1, w_scale = sigma) plus a uint8 Clip for narrow bounds.
+
+    ``channels_last``: ORT's ``com.microsoft`` QLinearConv on NHWC tensors (the kernel ORT's own NHWC
+    transformer would pick; emitting it directly does not depend on that transformer's cost model).
+    """
     a, w = op.attrs, op.params["w"]
     o = w.shape[0]
     sigma = plan.sigma if np.unique(plan.sigma).size > 1 else plan.sigma[:1].reshape(())
@@ -80,6 +93,7 @@ def emit_qlinear_conv(b: Builder, x: str, op: Op, plan: ConvRequant, x_st: Stora
         pads=a["pads"],
         dilations=a["dilations"],
         group=a["group"],
+        **({"channels_last": 1, "domain": MS_DOMAIN} if channels_last else {}),
     )
     return _clip_u8(b, out, int(a["lo"]) + out_st.offset, int(a["hi"]) + out_st.offset)
 
@@ -116,7 +130,7 @@ def emit_qlinear_add(
 def emit_float32_add(
     b: Builder, xa: str, xb: str, op: Op, sta: Storage, stb: Storage, out_st: Storage
 ) -> str | None:
-    """A power-of-two add that rounds, in float32 + QuantizeLinear (exact by the bound below), else None.
+    """A power-of-two add that rounds, in float32 (two DequantizeLinear, two Adds; ORT's variadic Sum was slower) + QuantizeLinear, exact by the bound below; else None.
 
     ``u = r_a (a - z_a) + r_b (b - z_b)`` with ``r_i = M_i / 2^s`` is a multiple of ``2^-s``. Floor-type
     modes: ``floor(u + A/2^s) + zs = round_ne(u + A/2^s + zs - 1/2 + 2^-(s+1))`` (no value is a tie any
@@ -145,6 +159,6 @@ def emit_float32_add(
         b.op("DequantizeLinear", [name, b.const(r, np.float32, "r"), b.const(0, np.uint8, "z0")])
         for name, r in ((xa, rs[0]), (xb, rs[1]))
     ]
-    v = b.op("Sum", [*terms, b.const(c, np.float32, "c")])
+    v = b.op("Add", [b.op("Add", terms), b.const(c, np.float32, "c")])
     out = b.op("QuantizeLinear", [v, b.const(1.0, np.float32, "one"), b.const(y, np.uint8, "yzp")])
     return _clip_u8(b, out, int(a["lo"]) + out_st.offset, int(a["hi"]) + out_st.offset)

@@ -111,13 +111,13 @@ def test_refused_modes_and_multipliers_stay_exact() -> None:
     [
         ([1, 1], 0, "half_up", 0, 0, "QLinearAdd"),  # integer result: no rounding
         ([4, 1], 0, "half_up", 3, -128, "QLinearAdd"),
-        ([2, 1], 1, "half_up", 0, 0, "Sum"),  # DPU shift_write: rounds
-        ([1, 4], 3, "half_up", -7, -128, "Sum"),
-        ([8, 1], 2, "floor", 1, -128, "Sum"),
-        ([1, 1], 1, "ceil", 0, -50, "Sum"),
-        ([1, 2], 2, "half_down", 0, 0, "Sum"),
-        ([1, 1], 1, "half_even", 3, -128, "Sum"),  # odd zero point
-        ([1, 2], 1, "half_even", 0, -128, "Sum"),
+        ([2, 1], 1, "half_up", 0, 0, "QuantizeLinear"),  # DPU shift_write: rounds
+        ([1, 4], 3, "half_up", -7, -128, "QuantizeLinear"),
+        ([8, 1], 2, "floor", 1, -128, "QuantizeLinear"),
+        ([1, 1], 1, "ceil", 0, -50, "QuantizeLinear"),
+        ([1, 2], 2, "half_down", 0, 0, "QuantizeLinear"),
+        ([1, 1], 1, "half_even", 3, -128, "QuantizeLinear"),  # odd zero point
+        ([1, 2], 1, "half_even", 0, -128, "QuantizeLinear"),
     ],
 )
 def test_add_every_code_pair(
