@@ -43,12 +43,14 @@ __all__ = [
     "pof2_exponent",
     "rshift_round",
     "requantize",
+    "requantize_op",
     "round_fraction",
 ]
 
 import logging
 import math
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -235,3 +237,17 @@ def requantize(
     if lo is not None or hi is not None:
         y = np.clip(y, lo, hi)
     return y
+
+
+def requantize_op(acc: np.ndarray, op: Any) -> np.ndarray:
+    """A program op's requantization of ``acc`` with its single (per-tensor) multiplier and shift."""
+    a = op.attrs
+    return requantize(
+        acc,
+        op.params["multiplier"][0],
+        op.params["shift"][0],
+        a["round_mode"],
+        zero_point=a["zp_out"],
+        lo=a["lo"],
+        hi=a["hi"],
+    )

@@ -30,7 +30,7 @@ from onnx import TensorProto
 
 from zonnx.backend.compiler.program import Op, TensorInfo
 
-from .ort_kernels import KernelError, Storage, Term, emit_requant
+from .ort_kernels import KernelError, Storage, Term
 
 logger = logging.getLogger(__name__)
 
@@ -53,20 +53,7 @@ def _for_layout(c: np.ndarray, nhwc: bool) -> np.ndarray:
 
 
 def _requant(low: Any, op: Op, terms: list[Term], const: object, ost: Storage) -> str:
-    a = op.attrs
-    return emit_requant(
-        low.b,
-        terms,
-        np.asarray(const, dtype=object),
-        op.params["shift"],
-        a["round_mode"],
-        a["zp_out"],
-        a["lo"],
-        a["hi"],
-        ost,
-        (),
-        where=op.name,
-    )
+    return low._req(op, terms, const, ost, ())
 
 
 def _centre(low: Any, v: Any, zp: int, wide: int, np_wide: type) -> str:

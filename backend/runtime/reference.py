@@ -29,7 +29,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from zonnx.backend.compiler.program import Op, Program
-from zonnx.backend.compiler.requant import requantize, rshift_round
+from zonnx.backend.compiler.requant import requantize, requantize_op, rshift_round
 from zonnx.errors import ZonnxError
 
 from . import reference_extra
@@ -129,16 +129,7 @@ def _add(qa: np.ndarray, qb: np.ndarray, op: Op) -> np.ndarray:
 
 
 def _rescale(x: np.ndarray, op: Op) -> np.ndarray:
-    a = op.attrs
-    return requantize(
-        x - a["zp_in"],
-        op.params["multiplier"][0],
-        op.params["shift"][0],
-        a["round_mode"],
-        zero_point=a["zp_out"],
-        lo=a["lo"],
-        hi=a["hi"],
-    )
+    return requantize_op(x - op.attrs["zp_in"], op)
 
 
 def _pool(x: np.ndarray, op: Op, pad_value: int) -> np.ndarray:
@@ -154,17 +145,7 @@ def _pool(x: np.ndarray, op: Op, pad_value: int) -> np.ndarray:
 
 
 def _avgpool(x: np.ndarray, op: Op) -> np.ndarray:
-    a = op.attrs
-    total = _pool(x - a["zp_in"], op, 0).sum(axis=-1)
-    return requantize(
-        total,
-        op.params["multiplier"][0],
-        op.params["shift"][0],
-        a["round_mode"],
-        zero_point=a["zp_out"],
-        lo=a["lo"],
-        hi=a["hi"],
-    )
+    return requantize_op(_pool(x - op.attrs["zp_in"], op, 0).sum(axis=-1), op)
 
 
 def _reshape(x: np.ndarray, op: Op) -> np.ndarray:

@@ -23,28 +23,15 @@ from collections.abc import Callable
 import numpy as np
 
 from zonnx.backend.compiler.program import Op
-from zonnx.backend.compiler.requant import requantize, rshift_round
+from zonnx.backend.compiler.requant import requantize_op, rshift_round
 
 logger = logging.getLogger(__name__)
-
-
-def _req(acc: np.ndarray, op: Op) -> np.ndarray:
-    a = op.attrs
-    return requantize(
-        acc,
-        op.params["multiplier"][0],
-        op.params["shift"][0],
-        a["round_mode"],
-        zero_point=a["zp_out"],
-        lo=a["lo"],
-        hi=a["hi"],
-    )
 
 
 def _mul(args: list[np.ndarray], op: Op) -> np.ndarray:
     a = op.attrs
     b = args[1] - a["zp_b"] if len(args) > 1 else op.params["b"].astype(np.int64)
-    return _req((args[0] - a["zp_a"]) * b, op)
+    return requantize_op((args[0] - a["zp_a"]) * b, op)
 
 
 def _lincomb(args: list[np.ndarray], op: Op) -> np.ndarray:
@@ -58,7 +45,7 @@ def _lincomb(args: list[np.ndarray], op: Op) -> np.ndarray:
 
 def _matmul2(args: list[np.ndarray], op: Op) -> np.ndarray:
     a = op.attrs
-    return _req(np.matmul(args[0] - a["zp_a"], args[1] - a["zp_b"]), op)
+    return requantize_op(np.matmul(args[0] - a["zp_a"], args[1] - a["zp_b"]), op)
 
 
 def slice_indices(dim: int, start: int, end: int, step: int) -> np.ndarray:
