@@ -9,7 +9,7 @@ like Compass's profiler report and TPU-MLIR's LayerGroup cost, at the level of t
   two channel terms). A target with only ``macs_per_cycle`` (a flat array): ``ceil(tile MACs / macs_per_cycle)``.
 - elementwise, pool, LUT, rescale, concat, transpose, resize: ``ceil(elements x window taps / vector
   width)`` (a global pool reads every input element once).
-- every tile adds a fixed overhead (``tiling.TILE_OVERHEAD_CYCLES``); renaming ops (copy, reshape) are free.
+- every tile adds a fixed overhead (``engine.TILE_OVERHEAD_CYCLES``); renaming ops (copy, reshape) are free.
 - memory cycles = DDR bytes (from ``zonnx.backend.compiler.tiling``: weights, inputs with halos,
   outputs, spills) / (DDR bandwidth / clock).
 - layer cycles = ``max(compute, memory)``: DMA is double buffered and overlaps compute; the layer is
