@@ -58,6 +58,7 @@ from zonnx.backend.provider_options import (
     parse_provider_options,
     provider_table,
 )
+from zonnx.backend.runtime.ort_kernels import KernelError
 from zonnx.backend.runtime.ort_lowering import LOWERING_VERSION, lower_program
 from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
@@ -244,11 +245,36 @@ class InferenceSession:
         else:
             text = self._cache.partition_json() if self._cache is not None else None
         partition = partition_from_dict(json.loads(text)) if text else None
-        if mode == "ort":
-            if exe is None:
+        if mode == "ort" and exe is None:
+            try:
                 exe = lower_npu_nodes(compiled, lower_program, opset=_opset(compiled)).SerializeToString()
-            self._ort, self._stages = ort_cpu_session(exe, self._sess_options), None
-        else:
+            except KernelError as e:
+                if self.options is None or self.options.executor != "auto":
+                    raise
+                logger.warning(
+                    "%s: %s The NPU subgraphs run in the numpy reference executor instead (exact, slow).",
+                    where,
+                    e,
+                )
+                mode = self.executor = "reference"
+        if mode == "ort":
+            try:
+                self._ort, self._stages = ort_cpu_session(exe, self._sess_options), None
+            except ZonnxError as e:
+                if self.options is None or self.options.executor != "auto":
+                    raise
+                logger.warning(
+                    "%s: %s The NPU subgraphs run in the numpy reference executor instead.", where, e
+                )
+                mode, exe = "reference", None
+                self.executor = mode
+        if mode != "ort":
+            if compiled is None and self._cache is not None:  # a cached executable ORT refused
+                compiled = self._cache.load_compiled()
+            if compiled is None:
+                raise CompiledModelError(
+                    f"{where}: the cache entry has no readable compiled model; recompile."
+                )
             self._stages = StagedExecutor(compiled, self._sess_options)
             self._ort = next((r for k, r, _, _ in self._stages.stages if k == "cpu"), None)
         self._compiled, self.partition = compiled, partition

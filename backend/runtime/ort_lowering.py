@@ -55,12 +55,13 @@ from .ort_kernels import (
     to_storage,
 )
 from .ort_qlinear import conv_plan, emit_float32_add, emit_qlinear_add, emit_qlinear_conv
+from .ort_wide import emit_wide_conv, emit_wide_matmul, is_int8
 from .qlinear_exact import ConvRequant
 
 logger = logging.getLogger(__name__)
 IR_VERSION = 10
-#: Bumped when lowered graphs change (2: QLinearConv/QLinearAdd/float32 adds; 3: mul, lincomb, matmul2, ...).
-LOWERING_VERSION = 3
+#: Bumped when lowered graphs change (2: QLinearConv/QLinearAdd/float32 adds; 3: mul, lincomb, matmul2, ...; 4: 16-bit conv/matmul).
+LOWERING_VERSION = 4
 MS_DOMAIN = "com.microsoft"  # NhwcMaxPool: an ORT CPU contrib kernel (uint8/int8)
 
 
@@ -163,14 +164,15 @@ class _Lowerer:
         (x,), a, w = args, op.attrs, op.params["w"].astype(np.int64)
         if op.name in self.plans:
             return emit_qlinear_conv(self.b, x.name, op, self.plans[op.name], x.st, ost, channels_last=x.nhwc)
-        self.u8(x, op)
-        if w.min() < -128 or w.max() > 127:
-            raise KernelError(f"op {op.name!r}: weights outside int8 cannot run on ConvInteger.")
-        zs = int(a["pad_value"]) + x.st.offset
         wsum = w.reshape(w.shape[0], -1).sum(axis=1)
+        m = op.params["multiplier"].astype(object)
+        if x.st.dtype != np.uint8 or not is_int8(w):  # 16-bit: byte planes (ort_wide), NCHW
+            acc, xm = emit_wide_conv(self.b, x.name, op, x.st)
+            const = m * (op.params["bias"].astype(object) - x.st.offset * wsum.astype(object))
+            return self._req(op, [Term(acc, m, xm)], const, ost, (-1, 1, 1))
+        zs = int(a["pad_value"]) + x.st.offset
         k = int(np.prod(w.shape[1:]))
         xm = k * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
-        m = op.params["multiplier"].astype(object)
         const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
         if x.nhwc:
             mm = emit_im2col_matmul(self.b, x.name, w, zs, a["strides"], a["pads"], a["dilations"])
@@ -193,11 +195,13 @@ class _Lowerer:
 
     def _matmul(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
         (x,), w = args, op.params["w"]
-        self.u8(x, op)
-        if w.dtype != np.int8:
-            raise KernelError(
-                f"op {op.name!r}: matmul weights must be int8 for MatMulInteger (got {w.dtype})."
-            )
+        if x.st.dtype != np.uint8 or not is_int8(w):  # 16-bit: byte planes (ort_wide)
+            m = op.params["multiplier"].astype(object)
+            acc, xm = emit_wide_matmul(self.b, x.name, op, x.st)
+            wsum = w.astype(np.int64).sum(axis=0).astype(object)
+            const = m * (op.params["bias"].astype(object) - x.st.offset * wsum)
+            return self._req(op, [Term(acc, m, xm)], const, ost, ())
+        w = w.astype(np.int8)
         mm = self.b.op(
             "MatMulInteger",
             [x.name, self.b.const(w, np.int8, "w"), self.b.const(x.st.offset, np.uint8, "xzp")],
@@ -254,9 +258,11 @@ class _Lowerer:
         (x,), a = args, op.attrs
         if a.get("global"):
             return self.b.op("ReduceMax", [x.name], axes=[1, 2] if x.nhwc else [2, 3], keepdims=1)
-        return self.b.op(
+        wide = x.st.dtype != np.uint8  # 16-bit codes: MaxPool in float32 (exact below 2^24)
+        src = self.b.op("Cast", [x.name], to=TensorProto.FLOAT) if wide else x.name
+        out = self.b.op(
             "NhwcMaxPool" if x.nhwc else "MaxPool",
-            [x.name],
+            [src],
             kernel_shape=a["kernel"],
             strides=a["strides"],
             pads=a["pads"],
@@ -264,6 +270,7 @@ class _Lowerer:
             ceil_mode=a.get("ceil_mode", 0),
             **({"domain": MS_DOMAIN} if x.nhwc else {}),
         )
+        return self.b.op("Cast", [out], to=ost.onnx_type) if wide else out
 
     def _clip(self, name: str, lo: int, hi: int, st: Storage) -> str:
         return self.b.op(
@@ -347,7 +354,7 @@ def _wants_nhwc(op: Op, x: _Val) -> bool:
     if x.info.shape is not None and len(x.info.shape) != 4:
         return False
     if op.kind == "conv":
-        return op.attrs["group"] == 1 and x.st.dtype == np.uint8
+        return op.attrs["group"] == 1 and x.st.dtype == np.uint8 and is_int8(op.params["w"])
     if op.kind == "avgpool":
         return bool(op.attrs.get("global")) and x.nhwc
     return x.nhwc and not op.attrs.get("global") and op.attrs.get("pad_value", 0) is not None
