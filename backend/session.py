@@ -58,7 +58,6 @@ from zonnx.backend.provider_options import (
     parse_provider_options,
     provider_table,
 )
-from zonnx.backend.runtime.ort_kernels import KernelError
 from zonnx.backend.runtime.ort_lowering import LOWERING_VERSION, lower_program
 from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
@@ -245,26 +244,18 @@ class InferenceSession:
         else:
             text = self._cache.partition_json() if self._cache is not None else None
         partition = partition_from_dict(json.loads(text)) if text else None
-        if mode == "ort" and exe is None:
-            try:
-                exe = lower_npu_nodes(compiled, lower_program, opset=_opset(compiled)).SerializeToString()
-            except KernelError as e:
+        if mode == "ort":
+            try:  # KernelError (no exact lowering) or ORT refusing the lowered model
+                if exe is None:
+                    exe = lower_npu_nodes(compiled, lower_program, opset=_opset(compiled)).SerializeToString()
+                self._ort, self._stages = ort_cpu_session(exe, self._sess_options), None
+            except ZonnxError as e:
                 if self.options is None or self.options.executor != "auto":
                     raise
                 logger.warning(
                     "%s: %s The NPU subgraphs run in the numpy reference executor instead (exact, slow).",
                     where,
                     e,
-                )
-                mode = self.executor = "reference"
-        if mode == "ort":
-            try:
-                self._ort, self._stages = ort_cpu_session(exe, self._sess_options), None
-            except ZonnxError as e:
-                if self.options is None or self.options.executor != "auto":
-                    raise
-                logger.warning(
-                    "%s: %s The NPU subgraphs run in the numpy reference executor instead.", where, e
                 )
                 mode, exe = "reference", None
                 self.executor = mode
