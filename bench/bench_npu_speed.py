@@ -16,6 +16,7 @@ from __future__ import annotations
 __all__ = ["bench_npu_speed", "build_programs"]
 
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,9 @@ from onnxruntime.quantization import QuantFormat, QuantType
 
 import zonnx
 from bench.bench_zoo_ort import session
-from bench.runner import HIGHER, BenchContext, Measurement
+from bench.runner import HIGHER, LOWER, BenchContext, Measurement
 from zonnx import zoo
+from zonnx.backend.compile_api import compile_model
 from zonnx.backend.compiler import Program, compile_subgraph, whole_model_subgraph
 from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
@@ -79,6 +81,42 @@ def _fastest_ort_int8(tmp: Path) -> Path:
             weight_type=QuantType.QInt8,
         )
     return dst
+
+
+def _creation(target: str, qpath: Path, tmp: Path) -> list[Measurement]:
+    """Compile time (best of 3) and session creation cold (compiling) vs warm (cache hit)."""
+    compile_s = min(_seconds(lambda: compile_model(qpath, target)) for _ in range(3))
+    cache = tempfile.mkdtemp(prefix="zonnx-npu-cache-", dir=tmp)
+
+    def create() -> None:
+        zonnx.InferenceSession(
+            str(qpath),
+            providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
+            provider_options=[{"target": target, "cache_dir": cache}, {}],
+        )
+
+    cold, warm = _seconds(create), min(_seconds(create) for _ in range(3))
+    return [
+        Measurement(
+            f"resnet18 compile time, {target}", compile_s, "s", LOWER, target=10.0, note="target < 10 s"
+        ),
+        Measurement(
+            f"resnet18 session creation, warm cache vs cold, {target}",
+            warm,
+            "s",
+            LOWER,
+            peer="cold (compiling)",
+            peer_value=cold,
+            target=0.1,
+            note="target: warm at least 10x faster",
+        ),
+    ]
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def _measure(ctx: BenchContext, target: str, qpath: Path, program: Program, tmp: Path) -> list[Measurement]:
@@ -152,5 +190,5 @@ def bench_npu_speed(ctx: BenchContext) -> list[Measurement]:
     with tempfile.TemporaryDirectory(prefix="zonnx-npu-bench-") as d:
         tmp = Path(d)
         for (_, target), (qpath, program) in build_programs(tmp, cases).items():
-            results += _measure(ctx, target, qpath, program, tmp)
+            results += _measure(ctx, target, qpath, program, tmp) + _creation(target, qpath, tmp)
     return results
