@@ -16,7 +16,6 @@ from __future__ import annotations
 __all__ = ["bench_npu_speed", "build_programs"]
 
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from onnxruntime.quantization import QuantFormat, QuantType
 
 import zonnx
 from bench.bench_zoo_ort import session
-from bench.runner import HIGHER, LOWER, BenchContext, Measurement
+from bench.runner import HIGHER, LOWER, BenchContext, Measurement, time_call
 from zonnx import zoo
 from zonnx.backend.compile_api import compile_model
 from zonnx.backend.compiler import Program, compile_subgraph, whole_model_subgraph
@@ -85,7 +84,7 @@ def _fastest_ort_int8(tmp: Path) -> Path:
 
 def _creation(target: str, qpath: Path, tmp: Path) -> list[Measurement]:
     """Compile time (best of 3) and session creation cold (compiling) vs warm (cache hit)."""
-    compile_s = min(_seconds(lambda: compile_model(qpath, target)) for _ in range(3))
+    compile_s = time_call(lambda: compile_model(qpath, target), repeat=3, warmup=0).min
     cache = tempfile.mkdtemp(prefix="zonnx-npu-cache-", dir=tmp)
 
     def create() -> None:
@@ -95,7 +94,8 @@ def _creation(target: str, qpath: Path, tmp: Path) -> list[Measurement]:
             provider_options=[{"target": target, "cache_dir": cache}, {}],
         )
 
-    cold, warm = _seconds(create), min(_seconds(create) for _ in range(3))
+    cold = time_call(create, repeat=1, warmup=0).min  # the first call compiles and fills the cache
+    warm = time_call(create, repeat=3, warmup=0).min
     return [
         Measurement(
             f"resnet18 compile time, {target}", compile_s, "s", LOWER, target=10.0, note="target < 10 s"
@@ -111,12 +111,6 @@ def _creation(target: str, qpath: Path, tmp: Path) -> list[Measurement]:
             note="target: warm at least 10x faster",
         ),
     ]
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _measure(ctx: BenchContext, target: str, qpath: Path, program: Program, tmp: Path) -> list[Measurement]:

@@ -158,8 +158,11 @@ def test_int64_path_refuses_sign_dependent_modes() -> None:
 
 
 # -- single ops ------------------------------------------------------------------------------------
+_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
+
+
 def _info(name: str, dtype: str, zp: int = 0, shape: list | None = None) -> TensorInfo:
-    lo, hi = {"int8": (-128, 127), "uint8": (0, 255)}[dtype]
+    lo, hi = _RANGES[dtype]
     return TensorInfo(name, dtype, lo, hi, [1.0], [zp], None, shape)
 
 

@@ -11,18 +11,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import zonnx
-from tests.backend.test_ort_lowering import _assert_exact, _program
-from zonnx.backend.compiler import Op, TensorInfo, quantize_multiplier
+from tests.backend.test_ort_lowering import _RANGES, _assert_exact, _info, _program
+from zonnx.backend.compiler import Op, quantize_multiplier
 from zonnx.backend.runtime.ort_lowering import lower_program
 from zonnx.errors import ZonnxError
 from zonnx.quantization.calibration.readers import ListReader
-
-_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
-
-
-def _info(name: str, dtype: str, zp: int = 0) -> TensorInfo:
-    lo, hi = _RANGES[dtype]
-    return TensorInfo(name, dtype, lo, hi, [1.0], [zp], None, None)
 
 
 def _params(rng: np.random.Generator, o: int, bits: int) -> dict:
