@@ -62,6 +62,7 @@ from zonnx.backend.runtime.ort_lowering import LOWERING_VERSION, lower_program
 from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
+from zonnx.hostcpu import int_path
 from zonnx.ir.io import load_proto
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
 
 
 def _lowering_id() -> str:
-    return str(LOWERING_VERSION)
+    """Keys cached lowered models: the lowering's version and the host's integer path (``zonnx.hostcpu``)."""
+    return f"{LOWERING_VERSION}-{int_path()}"
 
 
 def _opset(model: onnx.ModelProto) -> int:

@@ -14,6 +14,8 @@ import onnxruntime as ort
 from zonnx.backend.compiled import NPU_DOMAIN, NPU_OP, read_program
 from zonnx.backend.runtime.reference import run_program
 from zonnx.errors import ZonnxError
+from zonnx.hostcpu import int_path
+from zonnx.verify import exact_integer_form
 
 CPU_PROVIDER = "CPUExecutionProvider"
 ORT_TYPES = {
@@ -25,6 +27,13 @@ ORT_TYPES = {
 
 
 def ort_cpu_session(model: bytes, sess_options: ort.SessionOptions | None) -> ort.InferenceSession:
+    """ORT's CPU session over ``model``; its integer ops and fusable QDQ groups run exactly on every host
+    (``verify.exact_integer_form``: uint8 weights where ORT's u8 x s8 kernels saturate)."""
+    if int_path() == "u8u8":
+        proto = onnx.ModelProto.FromString(model)
+        fixed = exact_integer_form(proto)
+        if fixed is not proto:
+            model = fixed.SerializeToString()
     try:
         return ort.InferenceSession(model, sess_options, providers=[CPU_PROVIDER])
     except Exception as e:  # ORT raises its own exception types

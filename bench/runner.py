@@ -312,6 +312,12 @@ REGISTRY: dict[str, Benchmark] = {
             "ResNet-18 through zonnx.InferenceSession (NPU) vs ORT running the same QDQ model, per target",
         ),
         Benchmark(
+            "int_path",
+            "bench.bench_int_path:bench_int_path",
+            "the exact u8 x u8 integer forms vs ORT's u8 x s8 kernels (inexact without VNNI): layers and "
+            "ResNet-18 NPU programs",
+        ),
+        Benchmark(
             "npu_fidelity",
             "bench.bench_npu_fidelity:bench_npu_fidelity",
             "compiled NPU model vs its QDQ/FixNeuron model: output and per-layer LSB, cosine vs float, "

@@ -2,7 +2,9 @@
 # Set up the repo's virtual environment with pinned dependencies (once; again when pyproject.toml
 # changes), then run one job:
 #   bash tools/dev.sh build [zonnx build args]   the main job on the embedded default model
-#   bash tools/dev.sh test  [pytest args]        lint + the whole test suite (what .ci/run calls)
+#   bash tools/dev.sh test  [pytest args]        lint + the whole test suite (what .ci/run calls); without
+#                                                args, then the exactness subset under emulated AVX2 and
+#                                                SSE4.1 CPUs (tools/exactness.sh, qemu-user)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job=${1:-build}
@@ -47,6 +49,10 @@ case "$job" in
     if [ "$rc" -eq 5 ]; then
       echo "pytest collected no tests (exit 5): treated as success" >&2
       rc=0
+    fi
+    # The whole suite (no arguments, as CI runs it) also proves exactness on emulated non-VNNI CPUs.
+    if [ "$rc" -eq 0 ] && [ "$#" -eq 0 ]; then
+      bash tools/exactness.sh || rc=$?
     fi
     exit "$rc"
     ;;

@@ -16,6 +16,7 @@ from zonnx.tools import (
     build_cmd,
     compile_cmd,
     convert_cmd,
+    doctor_cmd,
     inspect_cmd,
     optimize_cmd,
     profile_cmd,
@@ -40,6 +41,7 @@ app.command("build")(build_cmd.build)
 app.command("convert")(convert_cmd.convert)
 app.command("run")(run_cmd.run)
 app.command("profile")(profile_cmd.profile)
+app.command("doctor")(doctor_cmd.doctor)
 
 
 def _version(value: bool) -> None:

@@ -92,6 +92,7 @@ def _evaluate(name: str, original: Path, optimized: Path) -> dict[str, Any]:
 def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console: Console) -> None:
     """Quantize for the target, compile for its NPU, run the NPU session and evaluate it."""
     from zonnx.build_npu import calibration_feeds, compile_and_run, npu_evaluation, quantize_for_target
+    from zonnx.hostcpu import host_int
 
     target = options.target
     assert target is not None
@@ -107,6 +108,9 @@ def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console
     )
     session, compiled = compile_and_run(quant_path, options.out_dir, target)
     report.stages["compile"] = compiled
+    host = host_int()
+    report.stages["host"] = {"isa": host.isa, "u8s8_exact": host.u8s8_exact, "integer_path": host.path}
+    console.print(f"host: {host.describe()}", markup=False)
     console.print(compiled["partition"], markup=False, highlight=False)
     result = npu_evaluation(options.model, session, optimized, quant_path)
     report.stages["npu"] = result

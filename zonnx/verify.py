@@ -8,6 +8,7 @@ __all__ = [
     "input_specs",
     "make_inputs",
     "ort_session",
+    "exact_integer_form",
     "run_ort",
     "compare_outputs",
     "check_loadable",
@@ -15,15 +16,19 @@ __all__ = [
 ]
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 
 from zonnx.errors import OptionError, VerificationError
 from zonnx.ir.io import ModelLike, to_proto
+
+logger = logging.getLogger(__name__)
 
 #: Size given to a symbolic dimension that is not the leading (batch) one.
 DEFAULT_DIM = 64
@@ -119,9 +124,43 @@ def make_inputs(
     return feeds
 
 
+def exact_integer_form(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` in a form whose integer ops ORT computes exactly on this host (the same numbers).
+
+    On hosts whose integer path is u8 x u8 (``zonnx.hostcpu``: no VNNI, so ORT's u8 x s8 kernels
+    saturate), int8 weights of QOperator / integer ops become uint8 + 128 (``exact-int-weights`` pass);
+    elsewhere, and for models without such ops, ``proto`` itself.
+    """
+    from zonnx.hostcpu import host_int
+
+    if host_int().path != "u8u8":
+        return proto
+    from zonnx.passes.common.exact_int_weights import ExactIntWeightsPass, has_integer_weight_ops
+
+    if not has_integer_weight_ops(proto):
+        return proto
+    model = ir.serde.deserialize_model(proto)
+    changes = ExactIntWeightsPass().apply(model)
+    if changes.total:
+        _say_once(f"ORT runs integer ops here with u8 x u8 weights, exact ({host_int().isa} host)")
+    return ir.serde.serialize_model(model)
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        logger.info(message)
+
+
 def ort_session(model: ModelLike, *, optimize: bool = False) -> ort.InferenceSession:
-    """Create a CPU session; graph optimizations are off by default so the graph runs as written."""
-    proto = to_proto(model)
+    """Create a CPU session; graph optimizations are off by default so the graph runs as written.
+
+    Integer ops (and QDQ groups ORT would fuse into them) run exactly on every host (``exact_integer_form``).
+    """
+    proto = exact_integer_form(to_proto(model))
     opts = ort.SessionOptions()
     opts.log_severity_level = 4  # failures reach the user as VerificationError, not log lines
     opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))

@@ -38,6 +38,8 @@ __all__ = [
     "to_storage",
     "from_storage",
     "KernelError",
+    "int8_weights",
+    "resolve_int_path",
 ]
 
 import dataclasses
@@ -48,6 +50,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from zonnx.errors import ZonnxError
+from zonnx.hostcpu import IntPath, int_path
 
 logger = logging.getLogger(__name__)
 
@@ -280,11 +283,41 @@ def from_storage(b: Builder, name: str, dtype: str, out: str | None = None) -> s
     return b.op("Cast", [wide], out, to=target)
 
 
+def resolve_int_path(path: IntPath | None) -> IntPath:
+    """``path``, or this host's integer path (``zonnx.hostcpu``) when None."""
+    if path is None:
+        return int_path()
+    if path not in ("u8s8", "u8u8"):
+        raise KernelError(f"integer path {path!r} is unknown; use u8s8 or u8u8.")
+    return path
+
+
+def int8_weights(b: Builder, w: np.ndarray, path: IntPath, zp_shape: tuple[int, ...] = ()) -> tuple[str, str]:
+    """(weights, weight zero point) initializers for int8 weights ``w`` on an integer ``path``.
+
+    ``u8s8``: ``w`` as int8 with zero point 0 (fastest where the host has VNNI). ``u8u8``: ``w + 128`` as
+    uint8 with zero point 128, the same products ``x (w_u8 - 128)``, and exact on every x86 kernel: ORT's
+    u8 x s8 kernels without VNNI add products in saturating 16-bit pairs (``zonnx.hostcpu``).
+    """
+    if path == "u8u8":
+        wq = (w.astype(np.int16) + 128).astype(np.uint8)
+        return b.const(wq, np.uint8, "w"), b.const(np.full(zp_shape, 128, np.uint8), np.uint8, "wzp")
+    return b.const(w.astype(np.int8), np.int8, "w"), b.const(np.zeros(zp_shape, np.int8), np.int8, "wzp")
+
+
 def emit_im2col_matmul(
-    b: Builder, x: str, w: np.ndarray, zs: int, strides: list[int], pads: list[int], dilations: list[int]
+    b: Builder,
+    x: str,
+    w: np.ndarray,
+    zs: int,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    path: IntPath,
 ) -> str:
     """NHWC ``sum (x - zs) w`` of a group-1 convolution: Pad with ``zs``, one strided Slice per kernel tap,
-    Concat on channels, one ``MatMulInteger`` (u8 x s8) with weights as (kh kw C, O). int32 NHWC out.
+    Concat on channels, one ``MatMulInteger`` (u8 x s8 or u8 x u8 by ``path``) with weights as
+    (kh kw C, O). int32 NHWC out.
 
     Tap ``(i, j)`` reads rows ``i dh, i dh + sh, ...`` up to ``end = -(eff_h - 1 - i dh)`` counted from the
     padded end (``eff_h = (kh - 1) dh + 1``): ``ceil((Hp - eff_h + 1) / sh)`` rows, the output height, so
@@ -309,5 +342,6 @@ def emit_im2col_matmul(
             start = b.const([i * dh, j * dw], np.int64, "st")
             cols.append(b.op("Slice", [x, start, b.const(end, np.int64, "en"), axes, steps]))
     col = cols[0] if len(cols) == 1 else b.op("Concat", cols, axis=3)
-    wm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o)).astype(np.int8)
-    return b.op("MatMulInteger", [col, b.const(wm, np.int8, "w"), b.const(zs, np.uint8, "xzp")])
+    wm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o))
+    wname, wzp = int8_weights(b, wm, path)
+    return b.op("MatMulInteger", [col, wname, b.const(zs, np.uint8, "xzp"), wzp])

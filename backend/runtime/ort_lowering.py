@@ -4,7 +4,7 @@ Every program tensor is held as ``q + offset`` in its storage type (``ort_kernel
 uint8), so the integer kernels take their fast unsigned-activation paths. Per op kind:
 
 - ``conv`` (group 1): NHWC im2col (Pad with ``Z_x + off``, one strided Slice per tap, Concat) and one
-  ``MatMulInteger(u8 x s8, a_zp = Z_x + off)``: measured 2.3-7x faster per 3x3 layer than ConvInteger.
+  ``MatMulInteger(u8 x w, a_zp = Z_x + off)``: measured 2.3-7x faster per 3x3 layer than ConvInteger.
   Grouped: ``ConvInteger(x_u8, w + 128 as u8, x_zp = Z_x + off, w_zp = 128)`` in NCHW. Both give
   ``sum (q - Z_x) w`` with zero-point padding, i.e. the program's ``conv(pad(q, Z_x), w)`` minus
   ``Z_x sum(w)``; that term and the folded bias go into the one requantization constant. QLinearConv is
@@ -12,7 +12,11 @@ uint8), so the integer kernels take their fast unsigned-activation paths. Per op
   integer ``(acc M) >> s`` for general multipliers (ResNet-18: about 17% of codes, PLATFORM.md).
   Layout: a tensor is transposed only where an op needs the other layout (once per tensor); pools on
   NHWC tensors use ReduceSum/ReduceMax over axes 1, 2 or ``com.microsoft`` NhwcMaxPool.
-- ``matmul``: ``MatMulInteger(x_u8, w_s8, a_zp = off)`` (the fast u8 x s8 kernel), exact int32 sums.
+- ``matmul``: ``MatMulInteger(x_u8, w, a_zp = off)``, exact int32 sums.
+- 8-bit weights ``w`` of MatMulInteger and QLinearConv take the host's integer path (``zonnx.hostcpu``):
+  s8 where VNNI makes ORT's fast u8 x s8 kernels exact, else ``w + 128`` as u8 with zero point 128
+  (u8 x s8 without VNNI adds products in saturating 16-bit pairs; u8 x u8 is exact on every kernel).
+  The path is part of the lowered-model cache key.
 - ``add`` / ``rescale`` / ``avgpool``: one linear form ``sum M_i x_i + C`` requantized once (the
   zero points and storage offsets fold into ``C``); window sums by ``ReduceSum`` (global) or a
   depthwise ``ConvInteger`` with a ones kernel and ``x_zp = Z_in + off`` (padding then adds 0).
@@ -41,6 +45,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from zonnx.backend.compiler.program import Op, Program, TensorInfo
+from zonnx.hostcpu import IntPath
 
 from . import ort_lowering_extra
 from .ort_kernels import (
@@ -51,6 +56,8 @@ from .ort_kernels import (
     emit_im2col_matmul,
     emit_requant,
     from_storage,
+    int8_weights,
+    resolve_int_path,
     storage_of,
     to_storage,
 )
@@ -61,8 +68,9 @@ from .qlinear_exact import ConvRequant
 
 logger = logging.getLogger(__name__)
 IR_VERSION = 10
-#: Bumped when lowered graphs change (2: QLinearConv/QLinearAdd/float32 adds; 3: mul, lincomb, matmul2, ...; 4: 16-bit conv/matmul).
-LOWERING_VERSION = 4
+#: Bumped when lowered graphs change (2: QLinearConv/QLinearAdd/float32 adds; 3: mul, lincomb, matmul2, ...;
+#: 4: 16-bit conv/matmul; 5: integer path per host, u8 x u8 weights without VNNI).
+LOWERING_VERSION = 5
 MS_DOMAIN = "com.microsoft"  # NhwcMaxPool: an ORT CPU contrib kernel (uint8/int8)
 
 
@@ -96,8 +104,11 @@ def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
 
 
 class _Lowerer(CodeOps):
-    def __init__(self, program: Program, name: str, nhwc: bool = True, qlinear: bool = True) -> None:
+    def __init__(
+        self, program: Program, name: str, path: IntPath, nhwc: bool = True, qlinear: bool = True
+    ) -> None:
         self.p, self.b, self.nhwc_ok, self.qlinear = program, Builder(name), nhwc, qlinear
+        self.path = path
         self.env: dict[str, _Val] = {}
         self.plans: dict[str, ConvRequant] = {}
 
@@ -164,7 +175,9 @@ class _Lowerer(CodeOps):
     def _conv(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
         (x,), a, w = args, op.attrs, op.params["w"].astype(np.int64)
         if op.name in self.plans:
-            return emit_qlinear_conv(self.b, x.name, op, self.plans[op.name], x.st, ost, channels_last=x.nhwc)
+            return emit_qlinear_conv(
+                self.b, x.name, op, self.plans[op.name], x.st, ost, path=self.path, channels_last=x.nhwc
+            )
         wsum = w.reshape(w.shape[0], -1).sum(axis=1)
         m = op.params["multiplier"].astype(object)
         if x.st.dtype != np.uint8 or not is_int8(w):  # 16-bit: byte planes (ort_wide), NCHW
@@ -176,7 +189,7 @@ class _Lowerer(CodeOps):
         xm = k * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
         const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
         if x.nhwc:
-            mm = emit_im2col_matmul(self.b, x.name, w, zs, a["strides"], a["pads"], a["dilations"])
+            mm = emit_im2col_matmul(self.b, x.name, w, zs, a["strides"], a["pads"], a["dilations"], self.path)
             return self._req(op, [Term(mm, m, xm)], const, ost, (-1,))
         ci = self.b.op(
             "ConvInteger",
@@ -198,15 +211,13 @@ class _Lowerer(CodeOps):
         (x,), w = args, op.params["w"]
         if x.st.dtype != np.uint8 or not is_int8(w):  # 16-bit: byte planes (ort_wide)
             m = op.params["multiplier"].astype(object)
-            acc, xm = emit_wide_matmul(self.b, x.name, op, x.st)
+            acc, xm = emit_wide_matmul(self.b, x.name, op, x.st, self.path)
             wsum = w.astype(np.int64).sum(axis=0).astype(object)
             const = m * (op.params["bias"].astype(object) - x.st.offset * wsum)
             return self._req(op, [Term(acc, m, xm)], const, ost, ())
         w = w.astype(np.int8)
-        mm = self.b.op(
-            "MatMulInteger",
-            [x.name, self.b.const(w, np.int8, "w"), self.b.const(x.st.offset, np.uint8, "xzp")],
-        )
+        wname, wzp = int8_weights(self.b, w, self.path)
+        mm = self.b.op("MatMulInteger", [x.name, wname, self.b.const(x.st.offset, np.uint8, "xzp"), wzp])
         qm = max(abs(x.info.qmin), abs(x.info.qmax))
         xm = w.shape[0] * qm * int(np.abs(w.astype(np.int64)).max(initial=0))
         m = op.params["multiplier"].astype(object)
@@ -298,15 +309,17 @@ def lower_program(
     expose: list[str] | None = None,
     nhwc: bool = True,
     qlinear: bool = True,
+    int_path: IntPath | None = None,
 ) -> LoweredProgram:
     """ORT nodes computing ``program`` exactly (module docstring); ``expose`` adds tensors as outputs.
 
-    Graph inputs/outputs hold the program's own dtypes, named ``f"{name}/{tensor}"``. Raises KernelError
-    naming the op when an op has no exact ORT lowering.
+    Graph inputs/outputs hold the program's own dtypes, named ``f"{name}/{tensor}"``. ``int_path``: the
+    form of 8-bit weights (default: this host's, ``zonnx.hostcpu.int_path``). Raises KernelError naming
+    the op when an op has no exact ORT lowering.
     """
     if opset < 13:
         raise KernelError(f"opset {opset} is too old for the NPU lowering; use 13 or newer.")
-    low = _Lowerer(program, name, nhwc, qlinear)
+    low = _Lowerer(program, name, resolve_int_path(int_path), nhwc, qlinear)
     b, lowered = low.b, LoweredProgram([], [], [], [], opset=opset)
     for info in program.inputs:
         gname = f"{name}/{info.name}"
@@ -334,10 +347,15 @@ def lower_program(
 
 
 def program_to_model(
-    program: Program, *, name: str = "npu", opset: int = 17, expose: list[str] | None = None
+    program: Program,
+    *,
+    name: str = "npu",
+    opset: int = 17,
+    expose: list[str] | None = None,
+    int_path: IntPath | None = None,
 ) -> onnx.ModelProto:
     """A standalone model (IR 10) running ``program`` in ORT; inputs/outputs named ``f"{name}/{tensor}"``."""
-    low = lower_program(program, name=name, opset=opset, expose=expose)
+    low = lower_program(program, name=name, opset=opset, expose=expose, int_path=int_path)
     graph = helper.make_graph(low.nodes, name, low.inputs, low.outputs, low.initializers)
     model = helper.make_model(
         graph,

@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 from zonnx.backend.compiler.program import Op
+from zonnx.hostcpu import IntPath
 
-from .ort_kernels import Builder, Storage
+from .ort_kernels import Builder, Storage, int8_weights
 from .qlinear_exact import FLOOR_TYPE, ConvRequant, add_ratios, alpha_int, int32_safe, plan_conv_requant
 
 MS_DOMAIN = "com.microsoft"
@@ -64,9 +65,13 @@ def emit_qlinear_conv(
     x_st: Storage,
     out_st: Storage,
     *,
+    path: IntPath,
     channels_last: bool = False,
 ) -> str:
     """``QLinearConv`` (x_scale = y_scale = 1, w_scale = sigma) plus a uint8 Clip for narrow bounds.
+
+    Weights by integer ``path`` (``ort_kernels.int8_weights``): ORT requires one weight zero point for
+    all channels, which both forms have (0 or 128).
 
     ``channels_last``: ORT's ``com.microsoft`` QLinearConv on NHWC tensors (the kernel ORT's own NHWC
     transformer would pick; emitting it directly does not depend on that transformer's cost model).
@@ -75,15 +80,16 @@ def emit_qlinear_conv(
     o = w.shape[0]
     sigma = plan.sigma if np.unique(plan.sigma).size > 1 else plan.sigma[:1].reshape(())
     bias = _ort_bias(op, plan).astype(np.int32)
+    wname, wzp = int8_weights(b, w, path, (o,) if sigma.ndim else ())
     out = b.op(
         "QLinearConv",
         [
             x,
             b.const(1.0, np.float32, "one"),
             b.const(int(a["pad_value"]) + x_st.offset, np.uint8, "xzp"),
-            b.const(w, np.int8, "w"),
+            wname,
             b.const(sigma, np.float32, "sigma"),
-            b.const(np.zeros(o if sigma.ndim else (), np.int8), np.int8, "wzp"),
+            wzp,
             b.const(1.0, np.float32, "one"),
             b.const(plan.y_zp, np.uint8, "yzp"),
             b.const(bias, np.int32, "bias"),

@@ -6,7 +6,8 @@ and ``lo`` in [0, 255]; a 16-bit weight is ``256 w_hi + w_lo`` with ``w_lo`` in 
 
     sum x w = sum_ij 256^(i + j) sum x_i w_j
 
-and each plane product runs in ConvInteger / MatMulInteger (u8 x u8 or u8 x s8) with exact int32 sums
+and each plane product runs in ConvInteger (u8 x u8) / MatMulInteger (u8 x u8, or u8 x s8 for a signed
+plane on the ``u8s8`` integer path, ``zonnx.hostcpu``) with exact int32 sums
 (``|sum| <= K 255 255 < 2^31`` for ``K < 33025``, checked). The planes are combined in int64, which is
 exact (``|sum x w| <= K 65535 32768 < 2^62``), and the program's accumulator is that sum minus
 ``offset * sum(w)`` plus the bias (folded into the requantization constant by the caller). The input is
@@ -22,8 +23,9 @@ import numpy as np
 from onnx import TensorProto
 
 from zonnx.backend.compiler.program import Op
+from zonnx.hostcpu import IntPath
 
-from .ort_kernels import Builder, KernelError, Storage
+from .ort_kernels import Builder, KernelError, Storage, int8_weights
 
 _MAX_K = 33024
 
@@ -102,7 +104,7 @@ def emit_wide_conv(b: Builder, x: str, op: Op, st: Storage) -> tuple[str, float]
     return _combine(b, parts), k * xmax * float(np.abs(w).max(initial=0))
 
 
-def emit_wide_matmul(b: Builder, x: str, op: Op, st: Storage) -> tuple[str, float]:
+def emit_wide_matmul(b: Builder, x: str, op: Op, st: Storage, path: IntPath) -> tuple[str, float]:
     """(int64 ``x_stored @ w``, its magnitude bound) for a matmul with 16-bit input or weights."""
     w = op.params["w"].astype(np.int64)
     _check_k(op, w.shape[0])
@@ -110,8 +112,11 @@ def emit_wide_matmul(b: Builder, x: str, op: Op, st: Storage) -> tuple[str, floa
     parts = []
     for i, plane in enumerate(planes):
         for wj, j, signed in _weight_planes(w):
-            dt = np.int8 if signed else np.uint8
-            mm = b.op("MatMulInteger", [plane, b.const(wj.astype(dt), dt, "w"), b.const(0, np.uint8, "xzp")])
+            if signed:
+                wname, wzp = int8_weights(b, wj, path)
+            else:
+                wname, wzp = b.const(wj.astype(np.uint8), np.uint8, "w"), b.const(0, np.uint8, "wzp")
+            mm = b.op("MatMulInteger", [plane, wname, b.const(0, np.uint8, "xzp"), wzp])
             parts.append((mm, i + j))
     xmax = 65535.0 if st.dtype != np.uint8 else 255.0
     return _combine(b, parts), w.shape[0] * xmax * float(np.abs(w).max(initial=0))

@@ -16,6 +16,9 @@ from zonnx.backend.runtime.ort_kernels import Builder, KernelError, Term, emit_r
 from zonnx.backend.runtime.ort_lowering import lower_program, program_to_model
 from zonnx.zoo.digits import digits_data
 
+#: Bit-exactness on this CPU: CI also runs these under emulated AVX2 and SSE4.1 CPUs (tools/exactness.sh).
+pytestmark = pytest.mark.exactness
+
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

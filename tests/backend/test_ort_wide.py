@@ -17,6 +17,9 @@ from zonnx.backend.runtime.ort_lowering import lower_program
 from zonnx.errors import ZonnxError
 from zonnx.quantization.calibration.readers import ListReader
 
+#: Bit-exactness on this CPU: CI also runs these under emulated AVX2 and SSE4.1 CPUs (tools/exactness.sh).
+pytestmark = pytest.mark.exactness
+
 
 def _params(rng: np.random.Generator, o: int, bits: int) -> dict:
     pairs = [quantize_multiplier(float(r), bits) for r in rng.uniform(1e-6, 4e-5, o)]

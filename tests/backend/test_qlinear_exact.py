@@ -15,6 +15,9 @@ from zonnx.backend.compiler import Op
 from zonnx.backend.runtime.ort_lowering import lower_program
 from zonnx.backend.runtime.qlinear_exact import plan_conv_requant
 
+#: Bit-exactness on this CPU: CI also runs these under emulated AVX2 and SSE4.1 CPUs (tools/exactness.sh).
+pytestmark = pytest.mark.exactness
+
 
 def _kinds(prog) -> list[str]:
     return [n.op_type for n in lower_program(prog, name="p").nodes]

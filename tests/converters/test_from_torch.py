@@ -19,6 +19,7 @@ from zonnx.converters.common import ConversionError, ConversionResult
 from zonnx.converters.dispatch import ConvertOptions
 from zonnx.converters.from_torch import from_torch
 from zonnx.inspection import inspect_model
+from zonnx.verify import exact_integer_form
 from zonnx.zoo.torch_models import resnet18_module
 
 pytestmark = [
@@ -149,6 +150,9 @@ def assert_valid(result: ConversionResult, inputs: list[str], outputs: list[str]
 
 
 def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ORT with its optimizations, on the model's exact integer form (uint8 weights where this host's u8 x s8
+    kernels saturate: ``zonnx.verify.exact_integer_form``), so a fused QDQ group sums exactly on every CPU."""
+    model = exact_integer_form(model)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 

@@ -1,4 +1,9 @@
-"""QDQ -> QOperator conversion against ONNX Runtime's own QOperator output and the QDQ graph it came from."""
+"""QDQ -> QOperator conversion against ONNX Runtime's own QOperator output and the QDQ graph it came from.
+
+QOperator models run in ORT in their exact integer form (``zonnx.verify.exact_integer_form``: uint8
+weights where this host's u8 x s8 kernels saturate, as they do without VNNI), so both sides compute exact
+integer sums on every CPU; the QDQ models run unoptimized, i.e. in float.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from zonnx.ir.io import MAX_IR_VERSION, load_model, to_ir, to_proto
 from zonnx.passes.catalog import make_pass, resolve_pass_names
 from zonnx.passes.pipeline import Pipeline
 from zonnx.quantization.formats.qoperator import qdq_to_qoperator
+from zonnx.verify import exact_integer_form
 
 nn = torch.nn
 
@@ -98,6 +104,7 @@ def _session(model: onnx.ModelProto, optimize: bool = False) -> ort.InferenceSes
     opts.log_severity_level = 3
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model = exact_integer_form(model)
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 

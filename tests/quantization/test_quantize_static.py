@@ -328,3 +328,27 @@ def test_target_scheme_mismatch_warns(tmp_path: Path, digits: Path, caplog) -> N
             digits, tmp_path / "b.onnx", ListReader(feeds), **target_quantize_kwargs("bm1684x")
         )
     assert "takes symmetric activations" not in caplog.text
+
+
+def test_u8s8_output_for_ort_cpu_warns_and_names_this_host(tmp_path: Path, digits: Path, caplog) -> None:
+    """u8 activations with s8 weights (no target): one warning naming the saturation, the fix and this host."""
+    from zonnx.hostcpu import host_int
+
+    feeds = zoo.sample_inputs("digits_cnn", 4, seed=2)
+    with caplog.at_level(logging.WARNING, logger="zonnx.quantization.api"):
+        zonnx.quantize_static(
+            digits, tmp_path / "u8s8.onnx", ListReader(feeds), activation_type=QuantType.QUInt8
+        )
+    lines = [r.getMessage() for r in caplog.records if "without VNNI" in r.getMessage()]
+    assert len(lines) == 1
+    assert "--activation-type int8" in lines[0] and "reduce_range" in lines[0]
+    verdict = "is one of them" if not host_int().u8s8_exact else "is not"
+    assert f"this host ({host_int().isa}) {verdict}" in lines[0]
+    for kwargs in (
+        {"activation_type": QuantType.QInt8},
+        {"reduce_range": True, "activation_type": QuantType.QUInt8},
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="zonnx.quantization.api"):
+            zonnx.quantize_static(digits, tmp_path / "ok.onnx", ListReader(feeds), **kwargs)
+        assert "without VNNI" not in caplog.text, kwargs

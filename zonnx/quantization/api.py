@@ -215,6 +215,24 @@ def _check_output_path(model_input: Any, model_output: str | os.PathLike[str]) -
     return out
 
 
+def _warn_u8s8(cfg: QuantConfig) -> None:
+    """One line when the output is a u8 x s8 model for ORT's CPU provider (saturating without VNNI)."""
+    if cfg.power_of_two or cfg.reduce_range or (cfg.activation_type, cfg.weight_type) != ("uint8", "int8"):
+        return
+    from zonnx.hostcpu import host_int
+
+    host = host_int()
+    here = (
+        f"this host ({host.isa}) is one of them" if not host.u8s8_exact else f"this host ({host.isa}) is not"
+    )
+    logger.warning(
+        "uint8 activations with int8 weights: ONNX Runtime's CPU provider runs such models with saturating "
+        "16-bit arithmetic on x86 CPUs without VNNI (%s); to avoid it use activation_type int8 "
+        "(--activation-type int8) or reduce_range=True (7-bit weights).",
+        here,
+    )
+
+
 def quantize_static(
     model_input: str | os.PathLike[str] | onnx.ModelProto,
     model_output: str | os.PathLike[str] | None,
@@ -282,6 +300,8 @@ def quantize_static(
                 target.name,
                 target.name,
             )
+    if target is None:
+        _warn_u8s8(cfg)
     model = to_ir(
         onnx.ModelProto.FromString(model_input.SerializeToString())
         if isinstance(model_input, onnx.ModelProto)

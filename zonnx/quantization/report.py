@@ -49,6 +49,7 @@ import onnxruntime as ort
 from zonnx.errors import OptionError, VerificationError
 from zonnx.ir.io import ModelLike, load_proto, to_proto
 from zonnx.quantization.report_render import REPORT_VERSION, LayerReport, MetricSums, TensorStats
+from zonnx.verify import exact_integer_form
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +263,7 @@ def _session(
     proto: onnx.ModelProto, extra: Iterable[str], providers: Sequence[str], what: str
 ) -> ort.InferenceSession:
     """A session (optimizations off: the graph runs as written) with ``extra`` values as added outputs."""
+    proto = exact_integer_form(proto)  # QOperator ops: exact on every host (zonnx.hostcpu)
     keep = len(proto.graph.output)
     have = {o.name for o in proto.graph.output}
     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(extra) if n not in have)
