@@ -45,6 +45,7 @@ from zonnx.backend.compiler.program import Op, Program, TensorInfo
 from zonnx.backend.runtime.ort_lowering import lower_program
 from zonnx.backend.runtime.reference import run_program
 from zonnx.errors import ZonnxError
+from zonnx.hostcpu import host_int
 from zonnx.ir.io import write_bytes_atomic
 from zonnx.verify import ort_session
 
@@ -148,8 +149,10 @@ def dump_layers(compiled: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> D
         result.layers.extend(_layers(node.name, prog, env, len(result.layers)))
     if result.mismatches:
         logger.warning(
-            "the ORT lowering and the reference executor differ on %s (a backend bug; please report it)",
+            "the ORT lowering and the reference executor differ on %s (program/tensor) on this host (%s; "
+            "a backend bug: please report it with `zonnx doctor`)",
             ", ".join(result.mismatches),
+            host_int().describe(),
         )
     return result
 

@@ -51,6 +51,7 @@ from zonnx.backend.compiler.program import TensorInfo
 from zonnx.backend.dump import DumpResult, LayerTensor, dump_layers, run_exposed
 from zonnx.backend.runtime.reference import execute_op
 from zonnx.errors import OptionError, ZonnxError
+from zonnx.hostcpu import host_int
 from zonnx.ir.io import ModelLike, to_proto
 from zonnx.verify import cosine
 
@@ -337,7 +338,10 @@ def compare_layers(
     dump = dump or dump_layers(compiled_proto, feeds)
     layers, notes = dump.layers, []
     if dump.mismatches:
-        notes.append(f"the ORT lowering and the reference executor differ on {', '.join(dump.mismatches)}")
+        notes.append(
+            f"the ORT lowering and the reference executor differ on {', '.join(dump.mismatches)} "
+            f"(host: {host_int().describe()})"
+        )
     rows = [LayerRow.of(x) for x in layers]
     qdq = to_proto(qdq_model) if qdq_model is not None else None
     fq: dict[str, np.ndarray] = {}

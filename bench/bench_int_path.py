@@ -147,7 +147,10 @@ def _model_lines(ctx: BenchContext, note: str) -> list[Measurement]:
                 got = sessions[path].run(None, {f"npu/{info.name}": q})[0]
                 exact[path] = bool(np.array_equal(got.astype(np.int64), ref))
             if not exact["u8u8"]:
-                raise AssertionError(f"{target}: the u8 x u8 lowering differs from the numpy reference")
+                raise AssertionError(
+                    f"{target}: the u8 x u8 lowering differs from the numpy reference on "
+                    f"{program.outputs[0].name!r} ({host_int().describe()})"
+                )
             feed = {f"npu/{info.name}": q}
             t_ours, t_peer = ctx.time_pair(
                 lambda s=sessions["u8u8"], f=feed: s.run(None, f),

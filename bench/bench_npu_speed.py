@@ -32,6 +32,7 @@ from zonnx.backend.compiler import Program, compile_subgraph, whole_model_subgra
 from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.build_npu import target_quantize_kwargs
+from zonnx.hostcpu import host_int
 from zonnx.quantization.calibration.readers import ListReader
 
 #: (quantized format, target): QDQ in each target's own form (``_quantize``).
@@ -129,7 +130,10 @@ def _measure(ctx: BenchContext, target: str, qpath: Path, program: Program, tmp:
     ref_feed = {program.inputs[0].name: q}
     ref = run_program(program, ref_feed)[program.outputs[0].name]
     if not np.array_equal(bare.run(None, feed)[0].astype(np.int64), ref):
-        raise AssertionError(f"{target}: the ORT lowering differs from the numpy reference")
+        raise AssertionError(
+            f"{target}: the ORT lowering differs from the numpy reference on {program.outputs[0].name!r} "
+            f"({host_int().describe()})"
+        )
     check = zonnx.InferenceSession(
         str(qpath),
         providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
