@@ -134,7 +134,7 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
     out = []
     with tempfile.TemporaryDirectory(prefix="zonnx-int-path-") as d:
         tmp = Path(d)
-        for (_, target), (_, program) in build_programs(tmp, cases).items():
+        for (_, tname), (_, program) in build_programs(tmp, cases).items():
             info = program.inputs[0]
             q = np.clip(np.rint(x / info.scale[0]) + info.zero_point[0], info.qmin, info.qmax).astype(
                 info.dtype
@@ -142,14 +142,14 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
             ref = run_program(program, {info.name: q})[program.outputs[0].name]
             sessions, exact = {}, {}
             for path in ("u8u8", "u8s8"):
-                file = tmp / f"{target}_{path}.onnx"
+                file = tmp / f"{tname}_{path}.onnx"
                 onnx.save(program_to_model(program, name="npu", int_path=path), file)
                 sessions[path] = session(file, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
                 got = sessions[path].run(None, {f"npu/{info.name}": q})[0]
                 exact[path] = bool(np.array_equal(got.astype(np.int64), ref))
             if not exact["u8u8"]:
                 raise AssertionError(
-                    f"{target}: the u8 x u8 lowering differs from the numpy reference on "
+                    f"{tname}: the u8 x u8 lowering differs from the numpy reference on "
                     f"{program.outputs[0].name!r} ({host_int().describe()})"
                 )
             feed = {f"npu/{info.name}": q}
@@ -159,7 +159,7 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
             )
             out.append(
                 Measurement(
-                    f"resnet18 NPU program, {target}: u8 x u8 vs u8 x s8",
+                    f"resnet18 NPU program, {tname}: u8 x u8 vs u8 x s8",
                     1 / t_ours.median,
                     "images/s",
                     HIGHER,
