@@ -10,8 +10,18 @@ VOE's default key is the model's MD5). An entry is used only when every recorded
 current request and every file matches its sha256; otherwise it is *stale or corrupt*: a warning names
 the reason, the caller recompiles and the entry is overwritten. Writes go to a temporary file then
 ``os.replace``, so a reader never sees half a file. A folder that cannot be created or written turns
-caching off for the session with a warning. The default folder is ``$ZONNX_CACHE_DIR`` or
-``/tmp/<user>/zonnx/.cache`` (VOE's is ``/tmp/<user>/vaip/.cache``).
+caching off for the session with a warning.
+
+Trust (pip's and ccache's rules). The default folder is ``$ZONNX_CACHE_DIR``, else
+``$XDG_CACHE_HOME/zonnx/npu``, else ``~/.cache/zonnx/npu``: the user's own cache home, not a shared
+``/tmp`` (VOE's ``/tmp/<user>/vaip/.cache`` can be created beforehand by another user). A cache key must
+be one path component (no separators, not ``.``/``..``), so an entry never lands outside the cache
+folder. The cache folder and the entry folder must belong to the current user and must not be writable
+by group or others; otherwise the cache is refused for the session with one warning line (nothing is read
+from it or written to it), because whoever can write there could plant a program together with its
+sha256. zonnx creates its folders with mode 0700. The source model is always identified by the sha256
+of its bytes, never by path and modification time, so a model edited in place is never served an old
+program.
 """
 
 from __future__ import annotations
@@ -22,16 +32,15 @@ __all__ = [
     "default_key",
     "sha256_bytes",
     "target_digest",
-    "known_source_digest",
-    "remember_source_digest",
+    "check_cache_key",
+    "untrusted_reason",
 ]
 
-import getpass
 import hashlib
 import json
 import logging
 import os
-import tempfile
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +49,7 @@ import onnx
 from zonnx import __version__
 from zonnx.backend.compiler.program import FORMAT_VERSION
 from zonnx.backend.targets import Target
+from zonnx.errors import OptionError
 from zonnx.ir.io import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
@@ -67,57 +77,83 @@ def default_key(model_sha256: str, target: Target) -> str:
 
 
 def default_cache_dir() -> Path:
+    """``$ZONNX_CACHE_DIR``, else ``$XDG_CACHE_HOME/zonnx/npu``, else ``~/.cache/zonnx/npu``."""
     env = os.environ.get("ZONNX_CACHE_DIR")
     if env:
         return Path(env)
+    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(home) / "zonnx" / "npu"
+
+
+def check_cache_key(key: str) -> str:
+    """``key`` when it is one folder name; else an OptionError naming it (an entry stays inside cache_dir)."""
+    seps = {"/", "\\", "\0"} | ({os.altsep} if os.altsep else set())
+    if (
+        not key
+        or key in (".", "..")
+        or any(c in key for c in seps)
+        or len(key.encode("utf-8", "replace")) > 200
+    ):
+        raise OptionError(
+            f"cache_key {key!r}: must be one folder name (no '/', '\\', '.' or '..', at most 200 bytes); "
+            "the entry is written to cache_dir/cache_key."
+        )
+    return key
+
+
+def untrusted_reason(folder: Path) -> str | None:
+    """Why an existing cache folder may not be trusted (another user's, or writable by group or others),
+    or None. A folder that does not exist yet is trusted: zonnx creates it with mode 0700."""
     try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return Path(tempfile.gettempdir()) / user / "zonnx" / ".cache"
-
-
-SOURCES = "sources.json"
-
-
-def _stat_key(path: Path) -> str:
-    st = path.stat()
-    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
-
-
-def known_source_digest(cache_dir: str | os.PathLike[str], path: Path) -> str | None:
-    """The sha256 recorded for this exact file (path, size, mtime_ns, inode), as git's index does; else None."""
-    try:
-        index = json.loads((Path(cache_dir).expanduser() / SOURCES).read_text(encoding="utf-8"))
-        return index.get(_stat_key(path))
-    except (OSError, ValueError, AttributeError):
+        st = folder.stat()
+    except (FileNotFoundError, NotADirectoryError):  # not there yet (or cannot be): nothing to trust
         return None
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror or e})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"is writable by {who} (mode {st.st_mode & 0o777:o})"
+    return None
 
 
-def remember_source_digest(cache_dir: str | os.PathLike[str], path: Path, digest: str) -> None:
-    """Record a source file's sha256 under its stat key (best effort; the last 256 files)."""
-    folder = Path(cache_dir).expanduser()
-    try:
-        try:
-            index = json.loads((folder / SOURCES).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            index = {}
-        index[_stat_key(path)] = digest
-        folder.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(folder / SOURCES, json.dumps(dict(list(index.items())[-256:])).encode())
-    except OSError:
-        pass
+def _make_private(folder: Path) -> None:
+    """Create ``folder`` and its missing parents with mode 0700, whatever the umask."""
+    missing = []
+    for p in [folder, *folder.parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        p.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(p, 0o700)
 
 
 class ModelCache:
     """One cache entry: ``cache_dir/key``; ``load`` checks it, ``store`` writes it (never raises on I/O)."""
 
     def __init__(self, cache_dir: str | os.PathLike[str], key: str, expect: dict[str, Any]) -> None:
-        self.folder = Path(cache_dir).expanduser() / key
+        self.root = Path(cache_dir).expanduser()
+        self.folder = self.root / check_cache_key(key)
         self.key = key
         self.expect = {"key": key, "zonnx_version": __version__, "program_version": FORMAT_VERSION, **expect}
         self.enabled = True
         self.last_miss = ""
+        for folder in (self.root, self.folder):
+            reason = untrusted_reason(folder)
+            if reason is not None:
+                self.enabled = False
+                self.last_miss = f"untrusted: {folder} {reason}"
+                logger.warning(
+                    "cache folder %s %s: not using it (anyone who can write there could plant a program); "
+                    "give cache_dir a folder of your own, or run chmod go-w on it",
+                    folder,
+                    reason,
+                )
+                break
 
     def _miss(self, reason: str, warn: bool) -> None:
         self.last_miss = reason
@@ -131,6 +167,8 @@ class ModelCache:
         The executable is returned only when it was stored with the same ``executable_id`` (the
         lowering's version): another lowering reuses the compiled model and lowers it again.
         """
+        if not self.enabled:
+            return None
         entry_path = self.folder / ENTRY
         if not entry_path.is_file():
             self._miss("no entry; compiling", warn=False)
@@ -193,7 +231,7 @@ class ModelCache:
         if not self.enabled:
             return False
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            _make_private(self.folder)
             blob = compiled.SerializeToString()
             files = {COMPILED: sha256_bytes(blob)}
             (self.folder / ENTRY).unlink(missing_ok=True)  # no valid entry while files change

@@ -9,7 +9,8 @@ sessions over the CPU parts (``zonnx.backend.runtime.staged``-like stages, for d
 the lowering bit for bit). The session logs and keeps (``partition``) which nodes run where and why.
 
 Provider options (ORT passes strings; VOE spellings ``cacheDir``, ``cacheKey``, ``configFile`` accepted):
-``target`` ("dpu-b4096"), ``cache_dir`` ($ZONNX_CACHE_DIR or /tmp/<user>/zonnx/.cache), ``cache_key``
+``target`` ("dpu-b4096"), ``cache_dir`` ($ZONNX_CACHE_DIR, else $XDG_CACHE_HOME/zonnx/npu or
+~/.cache/zonnx/npu; refused when another user owns it or others can write it), ``cache_key`` (one folder name)
 (hash of model bytes + target + zonnx version), ``config_file`` (a JSON object of these options; keys
 given directly win), ``executor`` ("auto": ORT-native when the lowering is available, else the reference),
 ``fallback`` ("none"; "cpu" runs an unquantized model on the CPU with a warning), ``min_nodes`` (2),
@@ -38,8 +39,6 @@ from zonnx.backend.cache import (
     ModelCache,
     default_cache_dir,
     default_key,
-    known_source_digest,
-    remember_source_digest,
     target_digest,
 )
 from zonnx.backend.compile_api import compile_model, not_quantized_message
@@ -143,27 +142,17 @@ class InferenceSession:
         self.from_cache = False
         self._cache: ModelCache | None = None
         self._compiled: onnx.ModelProto | None = None
-        known = None
-        if (
-            self.options is not None
-            and isinstance(path_or_bytes, str | os.PathLike)
-            and Path(path_or_bytes).is_file()
-        ):
-            cache_dir = self.options.cache_dir or default_cache_dir()
-            known = known_source_digest(cache_dir, Path(path_or_bytes))  # a source compiled before
-        if known is not None:
-            data, where, compiled = None, str(path_or_bytes), None
-        else:
-            data, where = _read(path_or_bytes)
-            compiled = (
-                _parse(data, where)
-                if b"NpuSubgraph" in data[-65536:] or b"zonnx.compiled" in data[-65536:]
-                else None
-            )
-            if compiled is not None and not is_compiled(compiled):
-                compiled = None
+        # The source is always read and hashed (sha256: ~0.2 s per 500 MB), never trusted by path and
+        # mtime: a model edited in place must not be served an old program (backend/cache.py).
+        data, where = _read(path_or_bytes)
+        compiled = (
+            _parse(data, where)
+            if b"NpuSubgraph" in data[-65536:] or b"zonnx.compiled" in data[-65536:]
+            else None
+        )
+        if compiled is not None and not is_compiled(compiled):
+            compiled = None
         self._where = where
-        self._source_sha = known
         if self.options is None:
             if compiled is not None:
                 raise OptionError(
@@ -199,7 +188,7 @@ class InferenceSession:
             self._build(compiled, None, mode, where)
             return
         target = load_target(opts.target)
-        sha = self._source_sha or hashlib.sha256(data).hexdigest()
+        sha = hashlib.sha256(data).hexdigest()
         key = opts.cache_key or default_key(sha, target)
         expect = {"source_sha256": sha, "target": target.name, "target_sha256": target_digest(target)}
         cache = ModelCache(
@@ -218,9 +207,6 @@ class InferenceSession:
             except CompiledModelError as e:
                 logger.warning("cache entry %s: %s; recompiling", cache.folder, e)
                 self.from_cache = False
-        if data is None:
-            data, _ = _read(where)
-            sha = hashlib.sha256(data).hexdigest()
         parsed = _parse(data, where)
         if is_compiled(parsed):
             self._build(parsed, None, mode, where)
@@ -236,8 +222,7 @@ class InferenceSession:
             self._run_on_cpu(data)
             return
         exe = self._build(compiled, None, mode, where)
-        if cache.store(compiled, exe, exe_id) and Path(where).is_file():
-            remember_source_digest(cache.folder.parent, Path(where), sha)
+        cache.store(compiled, exe, exe_id)
 
     def _build(self, compiled: onnx.ModelProto, exe: bytes | None, mode: str, where: str) -> bytes | None:
         """Set up the executor for a compiled model; returns the executable bytes (ORT mode)."""
