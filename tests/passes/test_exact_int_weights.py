@@ -187,9 +187,18 @@ def test_qdq_groups_orts_optimizer_fuses_are_exact() -> None:
         assert not same
 
 
-def test_qdq_weights_with_int8_activations_stay() -> None:
+def test_qdq_weights_with_int8_activations_too() -> None:
+    """int8 activations in QDQ: ORT moves them to uint8 on x86 and fuses a u8 x s8 kernel, so the weights
+    are re-encoded too; the result is the exact value."""
     model = _qdq_conv(W4)
     for init in model.graph.initializer:
         if init.name == "xz":
             init.CopyFrom(numpy_helper.from_array(np.array(0, np.int8), "xz"))
-    assert ExactIntWeightsPass().apply(ir.serde.deserialize_model(model)).total == 0
+    x = np.full(X4.shape, 127 * 2.0**-8, np.float32)  # int8 codes 127
+    ir_model = ir.serde.deserialize_model(model)
+    assert ExactIntWeightsPass().apply(ir_model).total == 1
+    fixed = ir.serde.serialize_model(ir_model)
+    want = np.float32(np.rint(16 * 9 * 127 * 127 * 2.0**-14 / 8.0) * 8.0)
+    sess = ort.InferenceSession(fixed.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"x": x})[0][:, :, 1:-1, 1:-1]
+    np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))

@@ -10,9 +10,11 @@ Ops (activation zero point, weight, weight zero point by input index): QLinearCo
 ``com.microsoft`` QGemm (2, 3, 5), MatMulIntegerToFloat (4, 1, 5) and DynamicQuantizeMatMul (its
 activation is always quantized to uint8; weight 1, zero point 3). Only constant int8 weights with a
 uint8 activation are rewritten: ORT has no kernel for int8 activations with uint8 weights. In QDQ
-models, a DequantizeLinear of constant int8 weights whose every reader (Conv, Gemm, MatMul) takes a
-uint8 activation from another DequantizeLinear gets the same treatment: ORT's optimizer would fuse the
-group into a u8 x s8 kernel. (ORT's own remedy, the session option ``session.x64quantprecision``, is
+models, a DequantizeLinear of constant int8 weights whose every reader (Conv, Gemm, MatMul) takes an
+8-bit activation from another DequantizeLinear gets the same treatment: ORT's optimizer would fuse the
+group into a u8 x s8 kernel, int8 activations included (on x86 it first moves int8 QDQ activations to
+uint8, its fastest form). The dequantized weights are the same floats, so the group either fuses into an
+exact u8 x u8 kernel or runs in float. (ORT's own remedy, the session option ``session.x64quantprecision``, is
 not used: it failed at session creation on lowered NPU models with "Attempt to replace the existing
 tensor".)
 """
@@ -65,9 +67,13 @@ def _activation_is_u8(node: ir.Node, zp_index: int | None) -> bool:
     if zp_index is None:
         return True  # DynamicQuantizeMatMul quantizes its float input to uint8
     zp = _input(node, zp_index)
+    x = node.inputs[0]
+    for value in (zp, x):  # ORT's dynamic quantization: DynamicQuantizeLinear always writes uint8
+        src = value.producer() if value is not None else None
+        if src is not None and src.op_type == "DynamicQuantizeLinear":
+            return True
     if zp is not None and zp.type is not None:
         return zp.dtype == ir.DataType.UINT8
-    x = node.inputs[0]
     if zp is None and x is not None and x.type is not None:
         return x.dtype == ir.DataType.UINT8
     return False
@@ -79,7 +85,7 @@ _QDQ_CONSUMERS = {"Conv": (0,), "Gemm": (0,), "MatMul": (0, 1)}
 def _qdq_weight_is_exposed(dq: ir.Node) -> bool:
     """A DequantizeLinear of constant int8 weights that ORT may fuse into a u8 x s8 kernel.
 
-    Every consumer is a Conv, Gemm or MatMul whose activation input comes from a DequantizeLinear of uint8.
+    Every consumer is a Conv, Gemm or MatMul whose activation input comes from a DequantizeLinear of 8-bit codes.
     """
     out = dq.outputs[0]
     if not out.uses() or out.is_graph_output():
@@ -94,16 +100,16 @@ def _qdq_weight_is_exposed(dq: ir.Node) -> bool:
             return False
         for other in others:
             src = other.producer() if other is not None else None
-            if src is None or src.op_type != "DequantizeLinear" or not _reads_uint8(src):
+            if src is None or src.op_type != "DequantizeLinear" or not _reads_8bit(src):
                 return False
     return True
 
 
-def _reads_uint8(dq: ir.Node) -> bool:
-    """Whether a DequantizeLinear reads uint8 codes (its input's type, else its zero point's)."""
+def _reads_8bit(dq: ir.Node) -> bool:
+    """Whether a DequantizeLinear reads 8-bit codes (its input's type, else its zero point's)."""
     for value in (dq.inputs[0], _input(dq, 2)):
         if value is not None and value.type is not None:
-            return value.dtype == ir.DataType.UINT8
+            return value.dtype in (ir.DataType.UINT8, ir.DataType.INT8)
     return False
 
 
