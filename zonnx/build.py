@@ -91,12 +91,14 @@ def _evaluate(name: str, original: Path, optimized: Path) -> dict[str, Any]:
 
 def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console: Console) -> None:
     """Quantize for the target, compile for its NPU, run the NPU session and evaluate it."""
+    from zonnx.backend.targets import load_target
     from zonnx.build_npu import calibration_feeds, compile_and_run, npu_evaluation, quantize_for_target
     from zonnx.hostcpu import host_int
 
     target = options.target
     assert target is not None
-    quant_path = options.out_dir / f"{optimized.stem.removesuffix('.opt')}.{target}.q.onnx"
+    tag = load_target(target).name  # fails on an unknown target before any work; names the files
+    quant_path = options.out_dir / f"{optimized.stem.removesuffix('.opt')}.{tag}.q.onnx"
     reader = calibration_feeds(options.model, options.calib, load_proto(optimized))
     with console.status(f"quantizing for {target}"):
         report.stages["quantize"] = quantize_for_target(optimized, quant_path, target, reader)

@@ -33,7 +33,9 @@ def calibration_feeds(model_name: str, calib: str | None, model: onnx.ModelProto
         return ListReader([{"input": x[i : i + 1]} for i in range(64)])
     if model_name in zoo.names():
         return ListReader(zoo.sample_inputs(model_name, 16, seed=1))
-    raise OptionError(f"{model_name}: give calibration data with --calib to quantize it (or --no-quantize).")
+    raise OptionError(
+        f"{model_name}: give calibration data with --calib to quantize it (or --no-deploy to stop after optimizing)."
+    )
 
 
 def target_quantize_kwargs(target_name: str, quant_format: Any = None) -> dict[str, Any]:
@@ -85,9 +87,11 @@ def compile_and_run(quantized: Path, out_dir: Path, target_name: str) -> tuple[A
     """Compile for the NPU (cached under out_dir/cache) and open the NPU session; returns it and a report."""
     from zonnx.backend.compile_api import compile_model
     from zonnx.backend.session import InferenceSession
+    from zonnx.backend.targets import load_target
 
     compiled = compile_model(quantized, target_name)
-    compiled_path = compiled.save(out_dir / f"{quantized.stem}.{target_name}.onnx")
+    tag = load_target(target_name).name  # a target given as a .toml path names files by its own name
+    compiled_path = compiled.save(out_dir / f"{quantized.stem}.{tag}.onnx")
     session = InferenceSession(
         str(quantized),
         providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],

@@ -62,3 +62,19 @@ def test_build_a_file(tmp_path: Path) -> None:
 def test_build_bad_model(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("build", str(tmp_path / "nope.onnx"), "-o", str(tmp_path)), "no such file")
     assert not (tmp_path / "report.json").exists()
+
+
+def test_build_with_a_target_file_names_outputs_by_the_targets_name(tmp_path: Path) -> None:
+    """``--target path/to/x.toml``: files carry the target's own name, not its path (issue 17, item 10)."""
+    from zonnx.backend.targets import load_target
+
+    src = load_target("zhouyi-x2").path
+    mine = tmp_path / "cfg" / "my-npu.toml"
+    mine.parent.mkdir()
+    mine.write_bytes(Path(src).read_bytes())
+    out = tmp_path / "out"
+    run_cli("build", "--target", str(mine), "-o", str(out), check=True)
+    name = load_target(str(mine)).name
+    assert (out / f"digits_cnn.{name}.q.onnx").is_file()
+    assert (out / f"digits_cnn.{name}.q.{name}.onnx").is_file()
+    assert not [p for p in out.rglob("*") if ".toml" in p.name]
