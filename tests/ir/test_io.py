@@ -144,3 +144,20 @@ def test_to_proto_from_ir_keeps_metadata() -> None:
     proto = to_proto(model)
     assert "character" in {p.key for p in proto.metadata_props}
     assert proto.ir_version <= MAX_IR_VERSION
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_follow_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    """Reports, arrays and cache files get the mode any tool's output gets (issue 17, item 11)."""
+    import os
+
+    from zonnx.ir.io import current_umask, write_bytes_atomic
+
+    old = os.umask(umask)
+    try:
+        assert current_umask() == umask
+        out = write_bytes_atomic(tmp_path / "report.json", b"{}")
+    finally:
+        os.umask(old)
+    assert (out.stat().st_mode & 0o777) == mode
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]

@@ -13,6 +13,7 @@ __all__ = [
     "to_proto",
     "save_model",
     "write_bytes_atomic",
+    "current_umask",
     "default_opset",
 ]
 
@@ -160,12 +161,28 @@ def _tensor_bytes(proto: onnx.ModelProto) -> int:
     return sum(t.ByteSize() for t in onnx.external_data_helper._get_all_tensors(proto))
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where /proc allows (``os.umask`` swaps it otherwise)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``; a failure leaves
     nothing behind and raises the OSError (callers word the message)."""
     out = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent if str(out.parent) else ".")
     try:
+        if hasattr(os, "fchmod"):  # mkstemp makes 0600; outputs follow the umask like any tool's
+            os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, out)
