@@ -69,3 +69,29 @@ def test_bad_input(calib: Path, tmp_path: Path) -> None:
     proc = run_cli("quantize", model, str(tmp_path / "o.onnx"))
     assert_one_line_error(proc, "--calib")
     assert not (tmp_path / "o.onnx").exists()
+
+
+def _broken_arrays(folder: Path) -> dict[str, Path]:
+    """Calibration files as users break them: truncated .npz, garbage .npy, pickled object arrays."""
+    folder.mkdir()
+    good = folder / "good.npz"
+    np.savez(good, input=np.zeros((2, 1, 8, 8), np.float32))
+    truncated = folder / "truncated.npz"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    garbage = folder / "garbage.npy"
+    garbage.write_bytes(b"\x93NUMPY not really an array")
+    pickled = folder / "pickled.npz"
+    np.savez(pickled, input=np.array([{"a": 1}, None], dtype=object))
+    return {"truncated": truncated, "garbage": garbage, "pickled": pickled}
+
+
+@pytest.mark.parametrize("case", ["truncated", "garbage", "pickled"])
+def test_broken_calibration_file_is_one_line(tmp_path: Path, case: str) -> None:
+    """A broken --calib file: exit 2, one line naming it, no output, the input unchanged (issue 17, item 4)."""
+    bad = _broken_arrays(tmp_path / "calib")[case]
+    before = bad.read_bytes()
+    out = tmp_path / "q.onnx"
+    proc = run_cli("quantize", str(zoo.get("digits_cnn")), str(out), "--calib", str(bad))
+    assert_one_line_error(proc, str(bad), "not a readable")
+    assert not out.exists() and bad.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib"]

@@ -14,6 +14,7 @@ __all__ = [
 ]
 
 import logging
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
@@ -33,6 +34,21 @@ Feed = dict[str, np.ndarray]
 
 class CalibrationError(ZonnxError):
     """Calibration data or collected statistics are unusable (wrong inputs, NaN, empty set, stale file)."""
+
+
+def load_arrays(path: Path, *, mmap: bool = False) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` (by name) or ``.npy`` (under ``""``) file; a truncated, garbage or
+    object-dtype (pickled) file is a CalibrationError naming it, never a traceback."""
+    try:
+        if path.suffix == ".npy":
+            return {"": np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CalibrationError(
+            f"{path}: not a readable {path.suffix or 'array'} file ({type(e).__name__}: {e}); "
+            "save plain numeric arrays with numpy.savez."
+        ) from None
 
 
 # ``CalibrationDataReader`` is ORT's own class, re-exported: ``get_next()`` returns one feed dict, then
@@ -101,12 +117,9 @@ class NpzReader:
 
     @staticmethod
     def _load_stacked(p: Path) -> dict[str, np.ndarray]:
-        if p.suffix == ".npy":
-            return {"": np.load(p, mmap_mode="r")}
-        if p.suffix != ".npz":
+        if p.suffix not in (".npy", ".npz"):
             raise CalibrationError(f"NpzReader: {p} is neither .npz nor .npy.")
-        with np.load(p) as z:
-            return {k: z[k] for k in z.files}
+        return load_arrays(p, mmap=True)
 
     def bind(self, ranks: Mapping[str, int]) -> None:
         """Tell the reader the model's input ranks (``validated`` calls this) so stacking is resolved."""
@@ -138,11 +151,10 @@ class NpzReader:
                 return None
             self._index += 1
             f = self._files[i]
+            arrays = load_arrays(f)
             if f.suffix == ".npy":
-                a = np.load(f)
-                return {next(iter(self._ranks), ""): a}
-            with np.load(f) as z:
-                return {k: z[k] for k in z.files}
+                return {next(iter(self._ranks), ""): arrays[""]}
+            return arrays
         if i >= self._num_samples():
             return None
         self._index += 1
