@@ -95,3 +95,59 @@ def test_broken_calibration_file_is_one_line(tmp_path: Path, case: str) -> None:
     assert_one_line_error(proc, str(bad), "not a readable")
     assert not out.exists() and bad.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib"]
+
+
+def _calib(tmp_path: Path) -> Path:
+    from zonnx.zoo.digits import digits_data
+
+    x, _ = digits_data("calib")
+    path = tmp_path / "calib.npz"
+    np.savez(path, input=x[:8])
+    return path
+
+
+def _scales(model: onnx.ModelProto) -> dict[str, bytes]:
+    return {t.name: numpy_helper.to_array(t).tobytes() for t in model.graph.initializer if "scale" in t.name}
+
+
+def test_save_stats_writes_the_name_given_and_loads_back(tmp_path: Path) -> None:
+    """``--save-stats st.json`` writes st.json (not st.json.npz), and ``--load-stats st.json`` reads it."""
+    calib, model = _calib(tmp_path), str(zoo.get("digits_cnn"))
+    stats = tmp_path / "st.json"
+    run_cli(
+        "quantize",
+        model,
+        str(tmp_path / "a.onnx"),
+        "--calib",
+        str(calib),
+        "--save-stats",
+        str(stats),
+        check=True,
+    )
+    assert stats.is_file() and not (tmp_path / "st.json.npz").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name or p.name.startswith(".st.json")]
+    run_cli("quantize", model, str(tmp_path / "b.onnx"), "--load-stats", str(stats), check=True)
+    a, b = onnx.load(tmp_path / "a.onnx"), onnx.load(tmp_path / "b.onnx")
+    assert _scales(a) == _scales(b)
+
+
+@pytest.mark.parametrize("where", ["folder", "under_a_file", "table_in_missing_dir_of_a_file"])
+def test_bad_stats_and_table_locations_fail_before_calibrating(tmp_path: Path, where: str) -> None:
+    calib = _calib(tmp_path)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    (tmp_path / "adir").mkdir()
+    option, path, fragment = {
+        "folder": ("--save-stats", tmp_path / "adir", "is a folder"),
+        "under_a_file": ("--save-stats", afile / "x.npz", "is a file, not a folder"),
+        "table_in_missing_dir_of_a_file": (
+            "--export-table",
+            afile / "missing" / "t.txt",
+            "is a file, not a folder",
+        ),
+    }[where]
+    out = tmp_path / "q.onnx"
+    proc = run_cli("quantize", str(zoo.get("digits_cnn")), str(out), "--calib", str(calib), option, str(path))
+    assert_one_line_error(proc, str(path), fragment)
+    assert not out.exists() and not (tmp_path / "adir.npz").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile", "calib.npz"]

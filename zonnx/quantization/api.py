@@ -282,6 +282,14 @@ def quantize_static(
         output_nodes,
     )
     out = _check_output_path(model_input, model_output) if model_output is not None else None
+    from zonnx.quantization.calibration.stats_file import check_output_file
+
+    for option, path in (
+        ("SaveStats", cfg.extra.save_stats),
+        ("ExportCalibrationTable", cfg.extra.export_calibration_table),
+    ):
+        if path:  # a bad location fails now, not after calibration
+            check_output_file(path, option)
     target = None
     if cfg.extra.target:
         from zonnx.backend.targets import load_target

@@ -36,7 +36,7 @@ def test_round_trip_keeps_every_field(tmp_path, collected) -> None:
     path = save_stats(
         tmp_path / "cls_stats", stats, model, methods=["entropy", "minmax"], extra={"samples": 3}
     )
-    assert path.suffix == ".npz"
+    assert path == tmp_path / "cls_stats"  # the name given, no suffix added (issue 17, item 5)
     back = load_stats(path, model)
     assert list(back) == list(stats)
     for t, a in stats.items():

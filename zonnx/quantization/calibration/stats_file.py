@@ -25,6 +25,7 @@ __all__ = [
 
 import datetime
 import hashlib
+import io
 import json
 import logging
 import math
@@ -36,7 +37,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zonnx.ir.io import ModelLike, to_proto
+from zonnx.ir.io import ModelLike, to_proto, write_bytes_atomic
 from zonnx.quantization.calibration.methods import compute_range, method_name
 from zonnx.quantization.calibration.readers import CalibrationError
 from zonnx.quantization.calibration.stats import GridHistogram, TensorStats
@@ -87,6 +88,32 @@ def _zonnx_version() -> str:
     return getattr(zonnx, "__version__", "unknown")
 
 
+def check_output_file(path: str | os.PathLike[str], option: str) -> Path:
+    """``path`` as a file zonnx can create: not a folder, its nearest existing ancestor a writable folder.
+
+    Called before calibration, so a bad location fails before the work, with one line naming ``option``.
+    """
+    out = Path(path)
+    if out.is_dir():
+        raise CalibrationError(f"{option} {out}: is a folder; give a file name.")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CalibrationError(f"{option} {out}: {parent} is a file, not a folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CalibrationError(f"{option} {out}: cannot write in {parent} (permission denied).")
+    return out
+
+
+def _write(path: Path, data: bytes, option: str) -> Path:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_bytes_atomic(path, data)
+    except OSError as e:
+        raise CalibrationError(f"{option} {path}: cannot be written ({e.strerror or e}).") from None
+
+
 def save_stats(
     path: str | os.PathLike[str],
     stats: Mapping[str, TensorStats],
@@ -95,10 +122,9 @@ def save_stats(
     methods: Iterable[str | Enum] = (),
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write every field of ``stats`` (histograms included) to ``path`` (.npz) for ``model``."""
-    path = Path(path)
-    if path.suffix != ".npz":
-        path = path.with_name(path.name + ".npz")
+    """Write every field of ``stats`` (histograms included) to ``path`` for ``model``, under exactly that
+    name (npz format whatever the suffix), atomically."""
+    path = check_output_file(path, "SaveStats")
     names = list(stats)
     header = {
         "format": FORMAT,
@@ -119,11 +145,9 @@ def save_stats(
         arrays[f"{i}.floats"] = np.array([getattr(st, f) for f in _FLOATS] + ([hist.width] if hist else []))
         if hist is not None:
             arrays[f"{i}.hist"] = hist.counts
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
-    return path
+    buf = io.BytesIO()  # savez to a file object: no ".npz" appended, no fixed temporary name
+    np.savez_compressed(buf, **arrays)
+    return _write(path, buf.getvalue(), "SaveStats")
 
 
 def load_stats(path: str | os.PathLike[str], model: ModelLike | None = None) -> dict[str, TensorStats]:
@@ -213,9 +237,8 @@ def write_calibration_table(
         else:
             t = compute_range(st, method, symmetric=True, **options)[1]
         lines.append(f"{name} {t:.7f} {st.min:.7f} {st.max:.7f}")
-    path = Path(path)
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    path = check_output_file(path, "ExportCalibrationTable")
+    return _write(path, ("\n".join(lines) + "\n").encode(), "ExportCalibrationTable")
 
 
 def read_calibration_table(path: str | os.PathLike[str]) -> dict[str, TableEntry]:
