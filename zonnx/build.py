@@ -10,6 +10,7 @@ __all__ = ["BuildOptions", "BuildReport", "run_build"]
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -124,12 +125,39 @@ def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console
 
 
 def run_build(options: BuildOptions, console: Console) -> BuildReport:
-    """Run every stage and print each one's result; raises ZonnxError on bad input."""
+    """Run every stage and print each one's result; raises ZonnxError on bad input.
+
+    A build that fails (or is interrupted) removes what it added to the output folder, and the folder
+    itself when this build created it: no half-built outputs are left behind.
+    """
     out_dir = options.out_dir
+    existed = out_dir.is_dir()
+    before = {p.name for p in out_dir.iterdir()} if existed else set()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ModelSaveError(f"{out_dir}: cannot create the output folder ({e.strerror}).") from None
+    try:
+        return _run_build(options, console)
+    except BaseException:
+        _remove_new_entries(out_dir, before, remove_dir=not existed)
+        raise
+
+
+def _remove_new_entries(out_dir: Path, before: set[str], *, remove_dir: bool) -> None:
+    """Delete what a failed build added under ``out_dir`` (and ``out_dir`` if it made it); best effort."""
+    try:
+        for path in out_dir.iterdir():
+            if path.name not in before:
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if remove_dir:
+            out_dir.rmdir()
+    except OSError:
+        pass
+
+
+def _run_build(options: BuildOptions, console: Console) -> BuildReport:
+    out_dir = options.out_dir
     src = _resolve_model(options.model, console)
     report = BuildReport(model=str(src))
     t0 = time.perf_counter()

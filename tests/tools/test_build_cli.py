@@ -78,3 +78,21 @@ def test_build_with_a_target_file_names_outputs_by_the_targets_name(tmp_path: Pa
     assert (out / f"digits_cnn.{name}.q.onnx").is_file()
     assert (out / f"digits_cnn.{name}.q.{name}.onnx").is_file()
     assert not [p for p in out.rglob("*") if ".toml" in p.name]
+
+
+def test_failed_build_leaves_no_folder_and_hints_real_flags(tmp_path: Path) -> None:
+    """A build that fails (no calibration data for a file outside the zoo) leaves nothing behind, and the
+    flag its message suggests exists (issue 17, item 9)."""
+    out = tmp_path / "out"
+    proc = run_cli("build", str(zoo.get("digits_cnn")), "-o", str(out), "--no-verify")
+    assert_one_line_error(proc, "--calib", "--no-deploy")
+    assert not out.exists()
+    help_text = run_cli("build", "--help", check=True).stdout
+    assert "--no-deploy" in help_text and "--calib" in help_text
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "mine.txt").write_text("x")
+    assert_one_line_error(
+        run_cli("build", str(zoo.get("digits_cnn")), "-o", str(kept), "--no-verify"), "--calib"
+    )
+    assert [p.name for p in kept.iterdir()] == ["mine.txt"]
