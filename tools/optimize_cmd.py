@@ -15,6 +15,7 @@ from zonnx.optimization import DEFAULT_OPSET, OptimizeOptions, optimize_with_rep
 from zonnx.passes.catalog import PASSES, PIPELINES, pass_class
 from zonnx.passes.pipeline import VerifyOptions
 from zonnx.passes.report import pipeline_report_dict, render_pipeline_report
+from zonnx.paths import refuse_overwrites
 from zonnx.tools.console import console, err_console
 from zonnx.tools.options import load_feeds, parse_input_shapes, parse_name_list
 
@@ -60,6 +61,7 @@ def optimize(
         if not inplace:
             raise OptionError("give an output path (zonnx optimize IN.onnx OUT.onnx) or --inplace.")
         output = model
+    refuse_overwrites({"--inputs": inputs}, {"OUTPUT": output})  # IN == OUT is --inplace's business
     options = OptimizeOptions(
         target_opset=opset,
         pipeline=pipeline,

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from zonnx.errors import OptionError
 from zonnx.ir.io import load_proto
+from zonnx.paths import refuse_overwrites
 from zonnx.quantization.api import build_config, quantize_static
 from zonnx.quantization.config import load_config_file
 from zonnx.quantization.sources import reader_from_source
@@ -95,6 +96,20 @@ def _target_defaults(target: str | None) -> dict:
     return out
 
 
+def _calib_file(calib: str | None) -> Path | None:
+    """The file behind --calib (an array file, or the Python file of FILE.py:FUNC); None for a folder."""
+    if not calib:
+        return None
+    if Path(calib).is_file():
+        return Path(calib)
+    head = calib.rsplit(":", 1)[0] if ":" in calib else ""
+    return Path(head) if head and Path(head).is_file() else None
+
+
+def _target_file(target: str | None) -> Path | None:
+    return Path(target) if target and target.endswith(".toml") else None
+
+
 def quantize(
     model: Path = typer.Argument(..., help="Float .onnx model."),
     output: Path = typer.Argument(..., help="Quantized .onnx to write."),
@@ -142,6 +157,12 @@ def quantize(
     extra: list[str] = typer.Option(None, "--extra", help="extra_options KEY=VALUE (repeatable)."),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
+    refuse_overwrites(
+        {"MODEL": model, "--calib": _calib_file(calib), "--config": config, "--load-stats": load_stats,
+         "--load-table": load_table, "--target": _target_file(target)},
+        {"OUTPUT": output, "--save-stats": save_stats, "--export-table": export_table,
+         "the per-layer report": Path(f"{output}.report.json")},
+    )  # fmt: skip
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
     tdef = _target_defaults(target or cfg_file.get("target"))

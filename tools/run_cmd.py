@@ -24,6 +24,7 @@ from zonnx.backend.golden import DEFAULT_TOL_COS, DEFAULT_TOL_LSB, GoldenReport,
 from zonnx.backend.session import CPU_PROVIDER, NPU_PROVIDER, InferenceSession
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
 from zonnx.ir.io import load_proto, write_bytes_atomic
+from zonnx.paths import refuse_overwrites
 from zonnx.tools.console import console, err_console
 from zonnx.tools.options import load_feeds
 from zonnx.verify import make_inputs
@@ -211,6 +212,11 @@ def run(
     """
     paths = {"--float-model": float_model, "--qdq-model": qdq_model, "--report": report}
     _check_options(compare, paths, tol_cos, tol_lsb)
+    refuse_overwrites(
+        {"MODEL": model, "--inputs": inputs, "--float-model": float_model, "--qdq-model": qdq_model,
+         "--target": Path(target) if target and target.endswith(".toml") else None},
+        {"--output": output, "--report": report},
+    )  # fmt: skip
     proto = load_proto(model)
     notes: list[str] = []
     fmodel, qmodel = _golden_models(model, proto, float_model, qdq_model, notes) if compare else (None, None)
