@@ -20,6 +20,7 @@ from zonnx.converters.dispatch import ConvertOptions
 from zonnx.converters.preprocess import Preprocess
 from zonnx.errors import OptionError
 from zonnx.ir.io import save_model
+from zonnx.paths import refuse_overwrites
 from zonnx.tools.console import console, err_console
 from zonnx.tools.options import load_feeds, parse_input_shapes, parse_name_list
 
@@ -190,11 +191,15 @@ def convert(
     )
     if output.suffix.lower() != ".onnx":
         raise OptionError(f"-o {output}: give an output path ending in .onnx.")
-    if (
-        output.exists()
-        and Path(source.rpartition(":")[0] if ".py:" in source else source).resolve() == output.resolve()
-    ):
+    src_file = Path(source.rpartition(":")[0] if ".py:" in source else source)
+    if output.exists() and src_file.resolve() == output.resolve():
         raise OptionError(f"-o {output}: is the input model; choose another output path.")
+    # the source (a folder: every file in it, e.g. a SavedModel's variables), test inputs, external data
+    sources = [p for p in src_file.rglob("*") if p.is_file()] if src_file.is_dir() else [src_file]
+    refuse_overwrites(
+        {"SOURCE": sources, "--test-input": list(test_input or ())},
+        {"--output": output, "--output (external data)": output.with_name(output.name + ".data")},
+    )
     with console.status("converting") if console.is_terminal else contextlib.nullcontext():
         converted = run_convert(source, options)
     result = converted.result

@@ -91,3 +91,27 @@ def test_links_and_external_data_count_as_the_input(tmp_path: Path) -> None:
     with pytest.raises(OptionError, match=r"MODEL \(external data\)"):
         refuse_overwrites({"MODEL": tmp_path / "m.onnx"}, {"--report": tmp_path / "m.weights"})
     refuse_overwrites({"MODEL": tmp_path / "m.onnx"}, {"--report": tmp_path / "other.json", "--x": None})
+
+
+def test_convert_never_writes_over_its_sources_external_data(tmp_path: Path) -> None:
+    """``convert src.onnx -o dst.onnx`` would write dst.onnx.data: refused when that is src's weights file."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    src = tmp_path / "src.onnx"
+    onnx.save(model, src, save_as_external_data=True, location="dst.onnx.data", size_threshold=0)
+    weights = (tmp_path / "dst.onnx.data").read_bytes()
+    proc = run_cli("convert", str(src), "-o", str(tmp_path / "dst.onnx"))
+    assert_one_line_error(proc, "dst.onnx.data", "is the same file as SOURCE (external data)")
+    assert (tmp_path / "dst.onnx.data").read_bytes() == weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst.onnx.data", "src.onnx"]
