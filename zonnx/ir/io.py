@@ -14,6 +14,7 @@ __all__ = [
     "save_model",
     "write_bytes_atomic",
     "current_umask",
+    "check_names",
     "default_opset",
 ]
 
@@ -87,6 +88,48 @@ def _missing_external_files(model: onnx.ModelProto, base_dir: Path) -> list[str]
     return sorted(missing)
 
 
+def _bad_text(value: object) -> bool:
+    return isinstance(value, bytes)  # protobuf hands back bytes for a string field that is not UTF-8
+
+
+def check_names(model: onnx.ModelProto, where: str) -> None:
+    """Every name in the main graph is text: a string field with invalid UTF-8 is a ModelLoadError naming
+    the node, tensor or field (the rule: such bytes never reach code that expects text)."""
+
+    def fail(what: str, value: object) -> None:
+        raise ModelLoadError(
+            f"{where}: {what} {value!r} is not valid UTF-8; rename it (e.g. with onnx's Python API) and save again."
+        )
+
+    g = model.graph
+    for opset in model.opset_import:
+        if _bad_text(opset.domain):
+            fail("an opset domain", opset.domain)
+    if _bad_text(g.name):
+        fail("the graph name", g.name)
+    for kind, values in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
+        for v in values:
+            if _bad_text(v.name):
+                fail(f"graph {kind}", v.name)
+    for t in g.initializer:
+        if _bad_text(t.name):
+            fail("initializer", t.name)
+    for i, n in enumerate(g.node):
+        label = f"node #{i}" if _bad_text(n.name) else f"node {n.name!r}"
+        for field, value in (("name", n.name), ("op_type", n.op_type), ("domain", n.domain)):
+            if _bad_text(value):
+                fail(f"node #{i} ({field})", value)
+        for value in list(n.input) + list(n.output):
+            if _bad_text(value):
+                fail(f"{label}: tensor name", value)
+        for a in n.attribute:
+            if _bad_text(a.name):
+                fail(f"{label}: attribute name", a.name)
+    for prop in model.metadata_props:
+        if _bad_text(prop.key) or _bad_text(prop.value):
+            fail("metadata entry", prop.key)
+
+
 def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
     """Read an ONNX file; every failure becomes a ModelLoadError naming the file and what to do."""
     p = Path(path)
@@ -114,6 +157,7 @@ def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True)
             "give a file written by an ONNX exporter."
         )
     _check_versions(model, str(p))
+    check_names(model, str(p))
     if load_external_data:
         missing = _missing_external_files(model, p.parent)
         if missing:
