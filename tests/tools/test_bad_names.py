@@ -80,3 +80,30 @@ def test_python_api_raises_a_zonnx_error(tmp_path: Path) -> None:
     with pytest.raises(ZonnxError, match="not valid UTF-8"):
         zonnx.quantize_static(str(path), str(tmp_path / "q.onnx"), None)
     assert onnx.ModelProto.FromString(path.read_bytes()).graph.node[0].name.startswith(b"nnnn")
+
+
+def _two_writers(folder: Path) -> Path:
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["y"], name="a"),
+            helper.make_node("Sigmoid", ["x"], ["y"], name="b"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = folder / "two_writers.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("command", ["inspect", "compile", "run", "profile", "optimize"])
+def test_a_tensor_with_two_writers_is_named(tmp_path: Path, command: str) -> None:
+    """Two nodes writing one tensor (issue 17, item 3): one line naming the tensor and both writers."""
+    path = _two_writers(tmp_path)
+    extra = [str(tmp_path / "o.onnx")] if command == "optimize" else []
+    proc = run_cli(command, str(path), *extra)
+    assert_one_line_error(proc, "tensor 'y' is written by node 'a' (Relu) and by node 'b' (Sigmoid)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

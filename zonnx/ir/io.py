@@ -15,6 +15,7 @@ __all__ = [
     "write_bytes_atomic",
     "current_umask",
     "check_names",
+    "check_single_writers",
     "default_opset",
 ]
 
@@ -130,6 +131,28 @@ def check_names(model: onnx.ModelProto, where: str) -> None:
             fail("metadata entry", prop.key)
 
 
+def check_single_writers(model: onnx.ModelProto, where: str) -> None:
+    """Each tensor of the main graph has one writer: a graph input, an initializer or one node output.
+
+    A second writer is a ModelLoadError naming the tensor and both writers (ONNX requires SSA form)."""
+    writers: dict[str, str] = {}
+    for v in model.graph.input:
+        writers[v.name] = f"graph input {v.name!r}"
+    for t in model.graph.initializer:
+        writers.setdefault(t.name, f"initializer {t.name!r}")
+    for i, n in enumerate(model.graph.node):
+        for out in n.output:
+            if not out:
+                continue
+            me = f"node {n.name or '#' + str(i)!r} ({n.op_type})"
+            if out in writers:
+                raise ModelLoadError(
+                    f"{where}: tensor {out!r} is written by {writers[out]} and by {me}; an ONNX graph gives "
+                    "each tensor one writer: rename one of the outputs."
+                )
+            writers[out] = me
+
+
 def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
     """Read an ONNX file; every failure becomes a ModelLoadError naming the file and what to do."""
     p = Path(path)
@@ -158,6 +181,7 @@ def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True)
         )
     _check_versions(model, str(p))
     check_names(model, str(p))
+    check_single_writers(model, str(p))
     if load_external_data:
         missing = _missing_external_files(model, p.parent)
         if missing:
