@@ -47,6 +47,7 @@ __all__ = [
 import dataclasses
 import functools
 import logging
+import math
 import tomllib
 import types
 import typing
@@ -198,8 +199,29 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+#: Allowed range of every ``[hardware]`` number (inclusive); a field not listed here must be > 0.
+HARDWARE_RANGES: dict[str, tuple[float, float]] = {
+    "clock_mhz": (1.0, 100_000.0),
+    "accumulator_bits": (8, 64),
+    "ddr_bandwidth_gbps": (0.001, 100_000.0),
+}
+
+
+def _check_hardware(hw: Hardware) -> None:
+    """Every hardware number is finite and inside its range (``HARDWARE_RANGES``, else > 0)."""
+    for f in dataclasses.fields(Hardware):
+        value = getattr(hw, f.name)
+        if f.name == "assumed" or value is None:
+            continue
+        lo, hi = HARDWARE_RANGES.get(f.name, (1 if isinstance(value, int) else 1e-12, math.inf))
+        if not math.isfinite(float(value)) or not lo <= value <= hi:
+            bounds = f"from {lo:g} to {hi:g}" if math.isfinite(hi) else f"at least {lo:g}"
+            raise _Bad(f"hardware.{f.name}", f"is {value!r}; it must be {bounds}.")
+
+
 def _check(target: Target) -> None:
     """Rules across keys."""
+    _check_hardware(target.hardware)
     known = {f.name for f in dataclasses.fields(Hardware)} - {"assumed"}
     for i, name in enumerate(target.hardware.assumed):
         if name not in known:

@@ -223,3 +223,28 @@ def test_unknown_names_and_missing_files_list_what_exists(tmp_path: Path) -> Non
         load_target("dpu-b4069")
     with pytest.raises(OptionError, match="no such target file"):
         load_target(tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize(
+    ("line", "value"),
+    [
+        ("clock_mhz = 1000.0", "clock_mhz = 0.0"),
+        ("clock_mhz = 1000.0", "clock_mhz = -300.0"),
+        ("clock_mhz = 1000.0", "clock_mhz = nan"),
+        ("macs_per_cycle = 2048", "macs_per_cycle = 0"),
+        ("cores = 1", "cores = 0"),
+        ("ddr_bandwidth_gbps = 25.6", "ddr_bandwidth_gbps = 0.0"),
+        ("onchip_memory_bytes = 4194304", "onchip_memory_bytes = -1"),
+        ("accumulator_bits = 48", "accumulator_bits = 200"),
+    ],
+)
+def test_hardware_numbers_out_of_range_are_named(tmp_path: Path, line: str, value: str) -> None:
+    """Every [hardware] number is range-checked; the error names the file, the key and the range
+    (issue 17, item 6)."""
+    text = (TARGETS_DIR / "zhouyi-x2.toml").read_text()
+    assert line in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace(line, value))
+    key = value.split(" =")[0]
+    with pytest.raises(OptionError, match=rf"bad.toml.*hardware\.{key}.*must be"):
+        load_target(bad)
