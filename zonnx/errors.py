@@ -38,8 +38,8 @@ class UnsupportedModelError(ZonnxError):
     """A model uses an opset or IR version zonnx cannot handle."""
 
 
-class OptionError(ZonnxError):
-    """An option has an unknown name or a value out of range."""
+class OptionError(ZonnxError, ValueError):
+    """An option has an unknown name or a value out of range (also a ValueError, as Python's API expects)."""
 
 
 class PassFailedError(ZonnxError):

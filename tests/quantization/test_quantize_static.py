@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -352,3 +353,26 @@ def test_u8s8_output_for_ort_cpu_warns_and_names_this_host(tmp_path: Path, digit
         with caplog.at_level(logging.WARNING, logger="zonnx.quantization.api"):
             zonnx.quantize_static(digits, tmp_path / "ok.onnx", ListReader(feeds), **kwargs)
         assert "without VNNI" not in caplog.text, kwargs
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("CalibNStd", -1.0, "positive"),
+        ("CalibNStd", 0.0, "positive"),
+        ("CalibMovingAverageConstant", -1.0, "(0, 1]"),
+        ("CalibMovingAverageConstant", 0.0, "(0, 1]"),
+        ("CalibMovingAverageConstant", 2.0, "(0, 1]"),
+        ("CalibNumQuantizedBins", 0, "from 1 to"),
+        ("CalibNumQuantizedBins", 4096, "from 1 to"),
+        ("CalibNumBins", 50_000_000, "16 to 65536"),
+    ],
+)
+def test_numeric_options_out_of_range_are_value_errors(
+    tmp_path: Path, digits: Path, key: str, value: float, fragment: str
+) -> None:
+    """Each numeric extra option has a range; outside it: one ValueError naming the key, before any work
+    (issue 17, item 7: 50 million bins no longer try to allocate)."""
+    with pytest.raises(ValueError, match=rf"{key}.*{re.escape(fragment)}"):
+        zonnx.quantize_static(digits, tmp_path / "q.onnx", ListReader([]), extra_options={key: value})
+    assert not (tmp_path / "q.onnx").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = ["ExtraOptions", "parse_extra_options", "KNOWN_KEYS"]
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -115,6 +116,10 @@ _UNSUPPORTED = {
 }
 
 
+#: Largest histogram accepted for CalibNumBins (its memory is per calibrated tensor).
+MAX_BINS = 1 << 16
+
+
 def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
     """Validate every key and value type; unknown keys raise OptionError listing the known ones."""
     values: dict[str, Any] = {}
@@ -137,8 +142,22 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
             value = tuple(value)
         values[field] = value
     opts = ExtraOptions(**values)
-    if opts.calib_num_bins < 16:
-        raise OptionError(f"extra_options['CalibNumBins'] = {opts.calib_num_bins}: use at least 16 bins.")
+    if not 16 <= opts.calib_num_bins <= MAX_BINS:  # bounded: histograms are kept per tensor
+        raise OptionError(
+            f"extra_options['CalibNumBins'] = {opts.calib_num_bins}: use 16 to {MAX_BINS} bins."
+        )
+    if not 1 <= opts.calib_num_quantized_bins <= opts.calib_num_bins:
+        raise OptionError(
+            f"extra_options['CalibNumQuantizedBins'] = {opts.calib_num_quantized_bins}: must be from 1 to "
+            f"CalibNumBins ({opts.calib_num_bins})."
+        )
+    if not (math.isfinite(opts.calib_nstd) and opts.calib_nstd > 0):
+        raise OptionError(f"extra_options['CalibNStd'] = {opts.calib_nstd}: must be a positive number.")
+    if not 0 < opts.calib_moving_average_constant <= 1:
+        raise OptionError(
+            f"extra_options['CalibMovingAverageConstant'] = {opts.calib_moving_average_constant}: must be in "
+            "(0, 1] (the weight of each new batch)."
+        )
     if not 0 < opts.calib_percentile <= 100:
         raise OptionError(f"extra_options['CalibPercentile'] = {opts.calib_percentile}: must be in (0, 100].")
     if opts.calib_histogram_sample is not None and opts.calib_histogram_sample < 1024:
