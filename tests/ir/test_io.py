@@ -161,3 +161,37 @@ def test_atomic_writes_follow_the_umask(tmp_path: Path, umask: int, mode: int) -
         os.umask(old)
     assert (out.stat().st_mode & 0o777) == mode
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporaries_of_a_killed_save_go_with_the_next_save(tmp_path: Path) -> None:
+    """A save killed midway leaves ``.NAME.zonnx-PID.*``; the next save of that output removes what a dead
+    writer left and keeps a live writer's (issue 17, item 8)."""
+    import os
+
+    from zonnx.ir.io import write_bytes_atomic
+
+    model = parse('<ir_version: 10, opset_import: ["" : 17]> g (float[1] x) => (float[1] y) { y = Relu(x) }')
+    dead = _dead_pid()
+    left_dir = tmp_path / f".m.onnx.zonnx-{dead}.abc123"
+    left_dir.mkdir()
+    (left_dir / "m.onnx").write_bytes(b"partial")
+    left_file = tmp_path / f".m.onnx.zonnx-{dead}.xyz"
+    left_file.write_bytes(b"partial")
+    live = tmp_path / f".m.onnx.zonnx-{os.getpid()}.live"
+    live.write_bytes(b"being written")
+    other = tmp_path / ".m.onnx.not-ours"
+    other.write_bytes(b"someone else's")
+    save_model(model, tmp_path / "m.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.onnx", live.name, other.name])
+    (tmp_path / f".r.json.zonnx-{dead}.q").write_bytes(b"x")
+    write_bytes_atomic(tmp_path / "r.json", b"{}")
+    assert not list(tmp_path.glob(".r.json.*"))

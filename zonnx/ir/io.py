@@ -16,6 +16,7 @@ __all__ = [
     "current_umask",
     "check_names",
     "check_single_writers",
+    "sweep_stale_temporaries",
     "default_opset",
 ]
 
@@ -229,6 +230,44 @@ def _tensor_bytes(proto: onnx.ModelProto) -> int:
     return sum(t.ByteSize() for t in onnx.external_data_helper._get_all_tensors(proto))
 
 
+def _temp_prefix(name: str) -> str:
+    """Temporaries beside an output carry the writer's PID, so a later save can tell a dead writer's."""
+    return f".{name}.zonnx-{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # another user's process, or cannot tell: keep its files
+    return True
+
+
+def sweep_stale_temporaries(folder: Path, name: str) -> int:
+    """Remove temporaries of ``name`` in ``folder`` left by writers that no longer run (a killed save);
+    returns how many. Temporaries of live writers, this process's included, are left alone."""
+    removed = 0
+    marker = f".{name}.zonnx-"
+    try:
+        entries = [p for p in folder.iterdir() if p.name.startswith(marker)]
+    except OSError:
+        return 0
+    for path in entries:
+        pid_text = path.name[len(marker) :].split(".", 1)[0]
+        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            continue
+        try:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    if removed:
+        logger.info("removed %d temporary file(s) of %s left by a killed run", removed, folder / name)
+    return removed
+
+
 def current_umask() -> int:
     """The process umask, read without changing it where /proc allows (``os.umask`` swaps it otherwise)."""
     try:
@@ -247,7 +286,9 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to a temporary file beside ``path`` and rename it over ``path``; a failure leaves
     nothing behind and raises the OSError (callers word the message)."""
     out = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent if str(out.parent) else ".")
+    folder = out.parent if str(out.parent) else Path(".")
+    sweep_stale_temporaries(folder, out.name)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(out.name), dir=folder)
     try:
         if hasattr(os, "fchmod"):  # mkstemp makes 0600; outputs follow the umask like any tool's
             os.fchmod(fd, 0o666 & ~current_umask())
@@ -298,7 +339,8 @@ def save_model(
         external_data = _tensor_bytes(proto) > EXTERNAL_DATA_THRESHOLD
     data_name = out.name + ".data"
     try:
-        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=folder))
+        sweep_stale_temporaries(folder, out.name)
+        tmp_dir = Path(tempfile.mkdtemp(prefix=_temp_prefix(out.name), dir=folder))
     except OSError as e:
         raise ModelSaveError(f"{out}: cannot write in {folder} ({e.strerror}).") from None
     try:
