@@ -25,6 +25,7 @@ from zonnx.ir.io import load_proto, save_model, write_bytes_atomic
 from zonnx.optimization import OptimizeOptions, optimize_with_report
 from zonnx.passes.pipeline import VerifyOptions
 from zonnx.passes.report import pipeline_report_dict, render_pipeline_report
+from zonnx.paths import refuse_overwrites
 from zonnx.verify import compare_outputs, run_ort
 
 
@@ -156,9 +157,28 @@ def _remove_new_entries(out_dir: Path, before: set[str], *, remove_dir: bool) ->
         pass
 
 
+def _refuse_overwrites(options: BuildOptions, src: Path) -> None:
+    """The path rule (``zonnx.paths``): none of the files this build writes may be its model or calibration."""
+    out = options.out_dir
+    outputs: dict[str, Path | None] = {
+        "report.json": out / "report.json",
+        "optimized model": out / f"{src.stem}.opt.onnx",
+    }
+    if options.target is not None:
+        from zonnx.backend.targets import load_target
+
+        tag = load_target(options.target).name
+        quant = out / f"{src.stem}.{tag}.q.onnx"
+        outputs.update({"quantized model": quant, "quantization report": Path(f"{quant}.report.json"),
+                        "compiled model": out / f"{quant.stem}.{tag}.onnx"})  # fmt: skip
+    calib = Path(options.calib) if options.calib and Path(options.calib).is_file() else None
+    refuse_overwrites({"MODEL": src, "--calib": calib}, outputs)
+
+
 def _run_build(options: BuildOptions, console: Console) -> BuildReport:
     out_dir = options.out_dir
     src = _resolve_model(options.model, console)
+    _refuse_overwrites(options, src)
     report = BuildReport(model=str(src))
     t0 = time.perf_counter()
     proto = load_proto(src)

@@ -115,3 +115,15 @@ def test_convert_never_writes_over_its_sources_external_data(tmp_path: Path) -> 
     assert_one_line_error(proc, "dst.onnx.data", "is the same file as SOURCE (external data)")
     assert (tmp_path / "dst.onnx.data").read_bytes() == weights
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst.onnx.data", "src.onnx"]
+
+
+def test_build_never_writes_over_its_model(tmp_path: Path) -> None:
+    """A model kept where the build writes its report: refused before any work, the model intact."""
+    out = tmp_path / "out"
+    out.mkdir()
+    model = out / "report.json"
+    shutil.copy(zoo.get("digits_cnn"), model)
+    before = model.read_bytes()
+    proc = run_cli("build", str(model), "-o", str(out), "--no-deploy")
+    assert_one_line_error(proc, "report.json", "is the same file as MODEL")
+    assert model.read_bytes() == before and [p.name for p in out.iterdir()] == ["report.json"]
