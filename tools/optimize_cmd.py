@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from zonnx.errors import OptionError
-from zonnx.ir.io import load_proto, save_model
+from zonnx.ir.io import check_wiring, load_proto, save_model
 from zonnx.optimization import DEFAULT_OPSET, OptimizeOptions, optimize_with_report
 from zonnx.passes.catalog import PASSES, PIPELINES, pass_class
 from zonnx.passes.pipeline import VerifyOptions
@@ -75,6 +75,7 @@ def optimize(
         else None,
     )
     proto = load_proto(model)
+    check_wiring(proto, str(model))  # an invalid input is said to be invalid, not optimized into a worse one
     show_progress = console.is_terminal and not as_json
     if show_progress:
         with console.status("optimizing") as status:

@@ -107,3 +107,43 @@ def test_a_tensor_with_two_writers_is_named(tmp_path: Path, command: str) -> Non
     proc = run_cli(command, str(path), *extra)
     assert_one_line_error(proc, "tensor 'y' is written by node 'a' (Relu) and by node 'b' (Sigmoid)")
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def _miswired(folder: Path, case: str) -> Path:
+    nodes = {
+        "dangling": [helper.make_node("Add", ["x", "ghost"], ["y"], name="add")],
+        "unsorted": [helper.make_node("Relu", ["t"], ["y"], name="late"), helper.make_node("Neg", ["x"], ["t"], name="early")],
+        "cycle": [helper.make_node("Add", ["x", "u"], ["t"], name="a"), helper.make_node("Relu", ["t"], ["u"], name="b"),
+                  helper.make_node("Identity", ["t"], ["y"], name="c")],
+        "no_writer": [helper.make_node("Relu", ["x"], ["t"], name="r")],
+    }[case]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = folder / f"{case}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("case", "fragment"),
+    [
+        ("dangling", "reads 'ghost', which no node, input or initializer produces"),
+        ("unsorted", "node 'late' (Relu) reads 't' before node 'early' writes it"),
+        ("cycle", "node 'a' (Add) reads 'u' before node 'b' writes it"),
+        ("no_writer", "graph output 'y' is produced by no node"),
+    ],
+)
+@pytest.mark.parametrize("command", ["inspect", "optimize"])
+def test_invalid_graphs_are_called_invalid(tmp_path: Path, case: str, fragment: str, command: str) -> None:
+    """optimize no longer writes a checker-failing model from an invalid one, and inspect reports the same
+    problem (issue 17, item 12)."""
+    path = _miswired(tmp_path, case)
+    extra = [str(tmp_path / "o.onnx")] if command == "optimize" else []
+    assert_one_line_error(run_cli(command, str(path), *extra), fragment)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

@@ -16,6 +16,7 @@ __all__ = [
     "current_umask",
     "check_names",
     "check_single_writers",
+    "check_wiring",
     "sweep_stale_temporaries",
     "default_opset",
 ]
@@ -152,6 +153,36 @@ def check_single_writers(model: onnx.ModelProto, where: str) -> None:
                     "each tensor one writer: rename one of the outputs."
                 )
             writers[out] = me
+
+
+def check_wiring(model: onnx.ModelProto, where: str) -> None:
+    """The main graph is well formed: every node input and graph output is produced by a graph input, an
+    initializer or a node, and nodes come in topological order (no node reads a later node's output:
+    that is unsorted nodes or a cycle). Otherwise a ModelLoadError naming the node and the tensor."""
+    g = model.graph
+    known = {v.name for v in g.input} | {t.name for t in g.initializer} | {""}
+    later = {o: (i, n) for i, n in enumerate(g.node) for o in n.output if o}
+    for i, n in enumerate(g.node):
+        for name in n.input:
+            if name in known:
+                continue
+            label = f"node {n.name or '#' + str(i)!r} ({n.op_type})"
+            if name in later:
+                j, writer = later[name]
+                raise ModelLoadError(
+                    f"{where}: {label} reads {name!r} before node {writer.name or '#' + str(j)!r} writes it "
+                    "(nodes out of order or a cycle); the input model is invalid: re-export it."
+                )
+            raise ModelLoadError(
+                f"{where}: {label} reads {name!r}, which no node, input or initializer produces; the input "
+                "model is invalid: re-export it."
+            )
+        known.update(o for o in n.output if o)
+    for v in g.output:
+        if v.name not in known:
+            raise ModelLoadError(
+                f"{where}: graph output {v.name!r} is produced by no node; the input model is invalid."
+            )
 
 
 def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
