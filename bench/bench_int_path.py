@@ -104,22 +104,28 @@ def _layers(rng: np.random.Generator) -> dict[str, Callable[[str], tuple[bytes, 
     }
 
 
+def _line(name: str, times: tuple, unit: str, peer: str, target: float | None, note: str) -> Measurement:
+    """Throughput of ours (u8 x u8) against the peer (u8 x s8) from their interleaved timings."""
+    t_ours, t_peer = times
+    return Measurement(
+        name,
+        1 / t_ours.median,
+        unit,
+        HIGHER,
+        peer=peer,
+        peer_value=1 / t_peer.median,
+        target=target,
+        note=note,
+    )
+
+
 def _layer_lines(ctx: BenchContext, note: str, target: float | None) -> list[Measurement]:
     out = []
     for name, make in _layers(np.random.default_rng(0)).items():
         ours, peer = (_runner(*make(p)) for p in ("u8u8", "u8s8"))
         t_ours, t_peer = ctx.time_pair(ours, peer)
         out.append(
-            Measurement(
-                f"{name}: u8 x u8 vs u8 x s8",
-                1 / t_ours.median,
-                "runs/s",
-                HIGHER,
-                peer="ORT u8 x s8",
-                peer_value=1 / t_peer.median,
-                target=target,
-                note=note,
-            )
+            _line(f"{name}: u8 x u8 vs u8 x s8", (t_ours, t_peer), "runs/s", "ORT u8 x s8", target, note)
         )
     return out
 
@@ -157,18 +163,9 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
                 lambda s=sessions["u8u8"], f=feed: s.run(None, f),
                 lambda s=sessions["u8s8"], f=feed: s.run(None, f),
             )
-            out.append(
-                Measurement(
-                    f"resnet18 NPU program, {tname}: u8 x u8 vs u8 x s8",
-                    1 / t_ours.median,
-                    "images/s",
-                    HIGHER,
-                    peer="u8 x s8 lowering",
-                    peer_value=1 / t_peer.median,
-                    target=target,
-                    note=f"{note}; u8 x s8 exact here: {'yes' if exact['u8s8'] else 'NO'}",
-                )
-            )
+            exact_note = f"{note}; u8 x s8 exact here: {'yes' if exact['u8s8'] else 'NO'}"
+            name = f"resnet18 NPU program, {tname}: u8 x u8 vs u8 x s8"
+            out.append(_line(name, (t_ours, t_peer), "images/s", "u8 x s8 lowering", target, exact_note))
     return out
 
 

@@ -64,37 +64,8 @@ def test_an_output_never_overwrites_an_input(files: dict[str, Path], form: str) 
     assert sorted(p.name for p in files["quant"].parent.iterdir()) == folder  # nothing written
 
 
-def test_links_and_external_data_count_as_the_input(tmp_path: Path) -> None:
-    data = tmp_path / "w.bin"
-    data.write_bytes(b"\0" * 8)
-    link = tmp_path / "link.npz"
-    link.symlink_to(data)
-    with pytest.raises(OptionError, match="same file as --inputs"):
-        refuse_overwrites({"--inputs": data}, {"--output": link})
-    hard = tmp_path / "hard.npz"
-    hard.hardlink_to(data)
-    with pytest.raises(OptionError, match="same file as --inputs"):
-        refuse_overwrites({"--inputs": data}, {"--output": hard})
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-        [w],
-    )
-    model = helper.make_model(graph)
-    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.weights", size_threshold=0)
-    with pytest.raises(OptionError, match=r"MODEL \(external data\)"):
-        refuse_overwrites({"MODEL": tmp_path / "m.onnx"}, {"--report": tmp_path / "m.weights"})
-    refuse_overwrites({"MODEL": tmp_path / "m.onnx"}, {"--report": tmp_path / "other.json", "--x": None})
-
-
-def test_convert_never_writes_over_its_sources_external_data(tmp_path: Path) -> None:
-    """``convert src.onnx -o dst.onnx`` would write dst.onnx.data: refused when that is src's weights file."""
+def _save_with_external_data(path: Path, location: str) -> None:
+    """A one-MatMul model whose weights live in ``location`` beside it."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -108,8 +79,30 @@ def test_convert_never_writes_over_its_sources_external_data(tmp_path: Path) -> 
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10
+    onnx.save(model, path, save_as_external_data=True, location=location, size_threshold=0)
+
+
+def test_links_and_external_data_count_as_the_input(tmp_path: Path) -> None:
+    data = tmp_path / "w.bin"
+    data.write_bytes(b"\0" * 8)
+    link = tmp_path / "link.npz"
+    link.symlink_to(data)
+    with pytest.raises(OptionError, match="same file as --inputs"):
+        refuse_overwrites({"--inputs": data}, {"--output": link})
+    hard = tmp_path / "hard.npz"
+    hard.hardlink_to(data)
+    with pytest.raises(OptionError, match="same file as --inputs"):
+        refuse_overwrites({"--inputs": data}, {"--output": hard})
+    _save_with_external_data(tmp_path / "m.onnx", "m.weights")
+    with pytest.raises(OptionError, match=r"MODEL \(external data\)"):
+        refuse_overwrites({"MODEL": tmp_path / "m.onnx"}, {"--report": tmp_path / "m.weights"})
+    refuse_overwrites({"MODEL": tmp_path / "m.onnx"}, {"--report": tmp_path / "other.json", "--x": None})
+
+
+def test_convert_never_writes_over_its_sources_external_data(tmp_path: Path) -> None:
+    """``convert src.onnx -o dst.onnx`` would write dst.onnx.data: refused when that is src's weights file."""
     src = tmp_path / "src.onnx"
-    onnx.save(model, src, save_as_external_data=True, location="dst.onnx.data", size_threshold=0)
+    _save_with_external_data(src, "dst.onnx.data")
     weights = (tmp_path / "dst.onnx.data").read_bytes()
     proc = run_cli("convert", str(src), "-o", str(tmp_path / "dst.onnx"))
     assert_one_line_error(proc, "dst.onnx.data", "is the same file as SOURCE (external data)")
