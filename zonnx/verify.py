@@ -140,9 +140,9 @@ def exact_integer_form(proto: onnx.ModelProto) -> onnx.ModelProto:
     if not has_integer_weight_ops(proto):
         return proto
     model = ir.serde.deserialize_model(proto)
-    changes = ExactIntWeightsPass().apply(model)
-    if changes.total:
-        _say_once(f"ORT runs integer ops here with u8 x u8 weights, exact ({host_int().isa} host)")
+    if not ExactIntWeightsPass().apply(model).total:
+        return proto  # nothing to re-encode: no round trip through the serializer
+    _say_once(f"ORT runs integer ops here with u8 x u8 weights, exact ({host_int().isa} host)")
     return ir.serde.serialize_model(model)
 
 

@@ -49,12 +49,15 @@ INTEGER_WEIGHT_OPS: dict[tuple[str, str], tuple[int | None, int, int]] = {
 
 
 def has_integer_weight_ops(model: onnx.ModelProto) -> bool:
-    """Whether any main-graph node may be rewritten: an integer op above, or a DequantizeLinear of int8
-    initializer weights (a cheap check on the proto)."""
+    """Whether any main-graph node may be rewritten: an integer op above or a DequantizeLinear whose weight
+    input is an int8 initializer (a cheap check on the proto; a model already in u8 x u8 form has none)."""
     int8 = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8}
+    if not int8:
+        return False
     for n in model.graph.node:
         key = (n.domain if n.domain != "ai.onnx" else "", n.op_type)
-        if key in INTEGER_WEIGHT_OPS or (key == ("", "DequantizeLinear") and n.input and n.input[0] in int8):
+        w_index = 0 if key == ("", "DequantizeLinear") else INTEGER_WEIGHT_OPS.get(key, (None, None, None))[1]
+        if w_index is not None and w_index < len(n.input) and n.input[w_index] in int8:
             return True
     return False
 
