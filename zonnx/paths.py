@@ -2,7 +2,8 @@
 
 Every output path is compared with every input path after resolving links (``os.path.realpath``) and,
 when both exist, by identity (``os.path.samefile``: hard links too). An ONNX input also brings the
-external-data files it references. A match is an ``OptionError`` naming both options and the path, raised
+external-data files it references (read only when an output lies under the model's folder, where
+its data files live). A match is an ``OptionError`` naming both options and the path, raised
 before any work, so nothing is written.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from zonnx.errors import OptionError
+from zonnx.ir.io import external_data_locations
 
 PathLike = str | os.PathLike[str]
 
@@ -30,16 +32,7 @@ def external_data_files(model_path: PathLike) -> list[Path]:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # noqa: BLE001 - an unreadable model is reported by the command's own loader
         return []
-    tensors = list(model.graph.initializer) + [
-        a.t for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR
-    ]
-    files = set()
-    for tensor in tensors:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location" and entry.value:
-                    files.add(path.parent / entry.value)
-    return sorted(files)
+    return sorted(path.parent / loc for loc in external_data_locations(model))
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -56,6 +49,7 @@ def refuse_overwrites(
     outputs: Mapping[str, PathLike | None],
 ) -> None:
     """Raise OptionError when an output path is one of the inputs (module docstring); else return."""
+    out_paths = [Path(os.path.realpath(o)) for o in outputs.values() if o is not None and o != ""]
     named: list[tuple[str, Path]] = []
     for option, value in inputs.items():
         if value is None or value == "":
@@ -64,7 +58,9 @@ def refuse_overwrites(
         for v in values:
             p = Path(v)
             named.append((option, p))
-            named += [(f"{option} (external data)", d) for d in external_data_files(p)]
+            folder = Path(os.path.realpath(p.parent))
+            if any(o.is_relative_to(folder) for o in out_paths):  # data files live under the model's folder
+                named += [(f"{option} (external data)", d) for d in external_data_files(p)]
     for out_option, out in outputs.items():
         if out is None or out == "":
             continue

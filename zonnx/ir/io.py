@@ -14,6 +14,7 @@ __all__ = [
     "save_model",
     "write_bytes_atomic",
     "current_umask",
+    "external_data_locations",
     "check_names",
     "check_single_writers",
     "check_wiring",
@@ -79,16 +80,18 @@ def _check_versions(model: onnx.ModelProto, where: str) -> None:
         )
 
 
+def external_data_locations(model: onnx.ModelProto) -> set[str]:
+    """The external-data file names (relative to the model's folder) that the model's tensors refer to."""
+    return {
+        onnx.external_data_helper.ExternalDataInfo(tensor).location
+        for tensor in onnx.external_data_helper._get_all_tensors(model)
+        if onnx.external_data_helper.uses_external_data(tensor)
+    }
+
+
 def _missing_external_files(model: onnx.ModelProto, base_dir: Path) -> list[str]:
     """List external-data files the model refers to that do not exist next to it."""
-    missing: set[str] = set()
-    for tensor in onnx.external_data_helper._get_all_tensors(model):
-        if not onnx.external_data_helper.uses_external_data(tensor):
-            continue
-        info = onnx.external_data_helper.ExternalDataInfo(tensor)
-        if not (base_dir / info.location).is_file():
-            missing.add(info.location)
-    return sorted(missing)
+    return sorted(loc for loc in external_data_locations(model) if not (base_dir / loc).is_file())
 
 
 def _bad_text(value: object) -> bool:
