@@ -10,7 +10,6 @@ from pathlib import Path
 import typer
 
 from zonnx.inspection import inspect_model, render
-from zonnx.ir.io import check_wiring, load_proto
 from zonnx.tools.console import console
 from zonnx.tools.options import parse_input_shapes
 
@@ -27,7 +26,6 @@ def inspect(
 
     External data is never read, and the model is never modified.
     """
-    check_wiring(load_proto(model, load_external_data=False), str(model))  # say so if the graph is invalid
     summary = inspect_model(model, batch=batch, shapes=parse_input_shapes(input_shape))
     if json_:
         sys.stdout.write(summary.to_json() + "\n")

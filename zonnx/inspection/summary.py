@@ -41,7 +41,7 @@ from zonnx.inspection.shapes import (
     shape_skeleton,
     value_types,
 )
-from zonnx.ir.io import ModelLike, load_proto
+from zonnx.ir.io import ModelLike, check_wiring, load_proto
 
 logger = logging.getLogger(__name__)
 
@@ -331,9 +331,11 @@ def inspect_model(
     stubs. For MACs, a leading input dim that is not a number is set to ``batch``, ``shapes`` sets
     whole inputs by name (``{"x": (1, 3, 48, 192)}``), and every dim set is listed in ``notes``.
     MACs that depend on any other non-numeric dim are reported unknown (see ``macs.py`` for the rules).
-    Unknown shapes are those left after inference on the model as given.
+    Unknown shapes are those left after inference on the model as given. A graph that reads a tensor
+    nobody writes, or reads it before it is written, is a ModelLoadError (``check_wiring``).
     """
     path, proto = _load(model_or_path)
+    check_wiring(proto, path or "model")  # an invalid graph is said to be invalid, not summarized
     skeleton = shape_skeleton(proto)
     given, inference_error = infer(skeleton)
     given_types = value_types(given if given is not None else skeleton)
