@@ -93,14 +93,12 @@ def _evaluate(name: str, original: Path, optimized: Path) -> dict[str, Any]:
 
 def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console: Console) -> None:
     """Quantize for the target, compile for its NPU, run the NPU session and evaluate it."""
-    from zonnx.backend.targets import load_target
     from zonnx.build_npu import calibration_feeds, compile_and_run, npu_evaluation, quantize_for_target
     from zonnx.hostcpu import host_int
 
     target = options.target
     assert target is not None
-    tag = load_target(target).name  # fails on an unknown target before any work; names the files
-    quant_path = options.out_dir / f"{optimized.stem.removesuffix('.opt')}.{tag}.q.onnx"
+    quant_path = _output_paths(options, optimized.stem.removesuffix(".opt"))["quantized model"]
     reader = calibration_feeds(options.model, options.calib, load_proto(optimized))
     with console.status(f"quantizing for {target}"):
         report.stages["quantize"] = quantize_for_target(optimized, quant_path, target, reader)
@@ -157,26 +155,28 @@ def _remove_new_entries(out_dir: Path, before: set[str], *, remove_dir: bool) ->
         pass
 
 
-def _refuse_overwrites(options: BuildOptions, src: Path) -> None:
-    """The path rule (``zonnx.paths``): none of the files this build writes may be its model or calibration."""
+def _output_paths(options: BuildOptions, stem: str) -> dict[str, Path]:
+    """Every file a build of a model named ``stem`` writes, by what it is (one naming rule for the stages
+    and for the path rule). Files of the deploy stages carry the target's own name, not its path."""
     out = options.out_dir
-    outputs: dict[str, Path | None] = {
-        "report.json": out / "report.json",
-        "optimized model": out / f"{src.stem}.opt.onnx",
-    }
+    paths = {"report.json": out / "report.json", "optimized model": out / f"{stem}.opt.onnx"}
     if options.target is not None:
         from zonnx.backend.targets import load_target
 
-        tag = load_target(options.target).name
-        quant = out / f"{src.stem}.{tag}.q.onnx"
-        outputs.update({"quantized model": quant, "quantization report": Path(f"{quant}.report.json"),
-                        "compiled model": out / f"{quant.stem}.{tag}.onnx"})  # fmt: skip
+        tag = load_target(options.target).name  # fails on an unknown target before any work
+        quant = out / f"{stem}.{tag}.q.onnx"
+        paths.update({"quantized model": quant, "quantization report": Path(f"{quant}.report.json"),
+                      "compiled model": out / f"{quant.stem}.{tag}.onnx"})  # fmt: skip
+    return paths
+
+
+def _refuse_overwrites(options: BuildOptions, src: Path) -> None:
+    """The path rule (``zonnx.paths``): none of the files this build writes may be its model or calibration."""
     calib = Path(options.calib) if options.calib and Path(options.calib).is_file() else None
-    refuse_overwrites({"MODEL": src, "--calib": calib}, outputs)
+    refuse_overwrites({"MODEL": src, "--calib": calib}, _output_paths(options, src.stem))
 
 
 def _run_build(options: BuildOptions, console: Console) -> BuildReport:
-    out_dir = options.out_dir
     src = _resolve_model(options.model, console)
     _refuse_overwrites(options, src)
     report = BuildReport(model=str(src))
@@ -192,7 +192,8 @@ def _run_build(options: BuildOptions, console: Console) -> BuildReport:
     )
     with console.status("optimizing"):
         result = optimize_with_report(proto, opt)
-    optimized_path = out_dir / f"{src.stem}.opt.onnx"
+    outputs = _output_paths(options, src.stem)
+    optimized_path = outputs["optimized model"]
     save_model(result.model, optimized_path, input_path=src)
     render_pipeline_report(result.report, console)
     report.stages["optimize"] = {"output": str(optimized_path), **pipeline_report_dict(result.report)}
@@ -214,7 +215,7 @@ def _run_build(options: BuildOptions, console: Console) -> BuildReport:
             ),
             markup=False,
         )
-    report_path = out_dir / "report.json"
+    report_path = outputs["report.json"]
     write_bytes_atomic(report_path, report.to_json().encode())
     console.print(f"wrote {optimized_path} and {report_path}", markup=False)
     return report
