@@ -4,13 +4,13 @@ from __future__ import annotations
 
 __all__ = ["parse_input_shapes", "parse_name_list", "load_feeds"]
 
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from zonnx.errors import OptionError
+from zonnx.quantization.calibration.readers import CalibrationError, load_arrays
 
 
 def parse_input_shapes(values: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
@@ -41,7 +41,6 @@ def load_feeds(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise OptionError(f"--inputs {path}: no such file.")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise OptionError(f"--inputs {path}: not a readable .npz file ({e}).") from None
+        return load_arrays(path)  # the calibration reader's safe loader: no pickles, one line on damage
+    except CalibrationError as e:
+        raise OptionError(f"--inputs {e}") from None

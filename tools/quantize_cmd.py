@@ -16,7 +16,7 @@ from rich.table import Table
 
 from zonnx.errors import OptionError
 from zonnx.ir.io import load_proto
-from zonnx.paths import refuse_overwrites
+from zonnx.paths import refuse_overwrites, target_file
 from zonnx.quantization.api import build_config, quantize_static
 from zonnx.quantization.config import load_config_file
 from zonnx.quantization.sources import reader_from_source
@@ -106,10 +106,6 @@ def _calib_file(calib: str | None) -> Path | None:
     return Path(head) if head and Path(head).is_file() else None
 
 
-def _target_file(target: str | None) -> Path | None:
-    return Path(target) if target and target.endswith(".toml") else None
-
-
 def quantize(
     model: Path = typer.Argument(..., help="Float .onnx model."),
     output: Path = typer.Argument(..., help="Quantized .onnx to write."),
@@ -159,7 +155,7 @@ def quantize(
     """Quantize MODEL with static calibration and write OUTPUT."""
     refuse_overwrites(
         {"MODEL": model, "--calib": _calib_file(calib), "--config": config, "--load-stats": load_stats,
-         "--load-table": load_table, "--target": _target_file(target)},
+         "--load-table": load_table, "--target": target_file(target)},
         {"OUTPUT": output, "--save-stats": save_stats, "--export-table": export_table,
          "the per-layer report": Path(f"{output}.report.json")},
     )  # fmt: skip

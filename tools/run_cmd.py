@@ -24,7 +24,7 @@ from zonnx.backend.golden import DEFAULT_TOL_COS, DEFAULT_TOL_LSB, GoldenReport,
 from zonnx.backend.session import CPU_PROVIDER, NPU_PROVIDER, InferenceSession
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
 from zonnx.ir.io import load_proto, write_bytes_atomic
-from zonnx.paths import refuse_overwrites
+from zonnx.paths import refuse_overwrites, target_file
 from zonnx.tools.console import console, err_console
 from zonnx.tools.options import load_feeds
 from zonnx.verify import make_inputs
@@ -214,7 +214,7 @@ def run(
     _check_options(compare, paths, tol_cos, tol_lsb)
     refuse_overwrites(
         {"MODEL": model, "--inputs": inputs, "--float-model": float_model, "--qdq-model": qdq_model,
-         "--target": Path(target) if target and target.endswith(".toml") else None},
+         "--target": target_file(target)},
         {"--output": output, "--report": report},
     )  # fmt: skip
     proto = load_proto(model)

@@ -9,7 +9,7 @@ before any work, so nothing is written.
 
 from __future__ import annotations
 
-__all__ = ["refuse_overwrites", "external_data_files"]
+__all__ = ["refuse_overwrites", "external_data_files", "target_file"]
 
 import os
 from collections.abc import Iterable, Mapping
@@ -33,6 +33,11 @@ def external_data_files(model_path: PathLike) -> list[Path]:
     except Exception:  # noqa: BLE001 - an unreadable model is reported by the command's own loader
         return []
     return sorted(path.parent / loc for loc in external_data_locations(model))
+
+
+def target_file(target: str | None) -> Path | None:
+    """The file behind a ``--target`` value when it names a ``.toml`` file (bundled names are not files)."""
+    return Path(target) if target and target.endswith(".toml") else None
 
 
 def _same(a: Path, b: Path) -> bool:
