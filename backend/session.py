@@ -144,8 +144,8 @@ class InferenceSession:
         self.from_cache = False
         self._cache: ModelCache | None = None
         self._compiled: onnx.ModelProto | None = None
-        # The source is always read and hashed (sha256: ~0.2 s per 500 MB), never trusted by path and
-        # mtime: a model edited in place must not be served an old program (backend/cache.py).
+        # The source is always read and hashed, never trusted by path and mtime: a model edited in
+        # place must not be served an old program (backend/cache.py).
         data, where = _read(path_or_bytes)
         compiled = (
             _parse(data, where)
