@@ -16,6 +16,7 @@ if ! command -v qemu-x86_64 >/dev/null 2>&1; then
 fi
 
 logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 pids=()
 cpus=("Haswell" "Haswell,-avx2")
 # OpenBLAS kernels per emulated CPU: a machine-wide OPENBLAS_CORETYPE=Haswell would make numpy execute
