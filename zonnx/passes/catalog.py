@@ -18,6 +18,7 @@ PASSES: dict[str, str] = {
     "constant-folding": "zonnx.passes.common.constant_folding:ConstantFoldingPass",
     "remove-noops": "zonnx.passes.common.remove_noops:RemoveNoOpsPass",
     "dead-code": "zonnx.passes.common.dead_code:DeadCodeEliminationPass",
+    "unshare-bias": "zonnx.passes.common.unshare_bias:UnshareBiasPass",
     "cse": "zonnx.passes.common.cse:CommonSubexpressionPass",
     "onnxslim": "zonnx.passes.common.onnxslim_pass:OnnxSlimPass",
     "fold-batchnorm": "zonnx.passes.fusion.batchnorm:FoldBatchNormPass",

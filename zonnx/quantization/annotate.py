@@ -15,6 +15,9 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
 - A Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused: the
   intermediate tensor gets no quantization of its own (QDQKeepRemovableActivations turns that off).
 - Everything else stays float; the plan records why for each node.
+
+That is the "ort" placement. Under the "kernels" placement (``placement.py``) only the inputs that
+integer kernels consume are marked, each on its edge into that kernel, and no output is marked.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Iterable, Mapping
 
 import onnx_ir as ir
 
+from zonnx.quantization.placement import kernel_inputs, placement_reason
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
 from zonnx.quantization.schemes import QuantSpec
 
@@ -99,6 +103,7 @@ class AnnotateConfig:
     per_channel_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
     node_activation: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     node_weight: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
+    placement: str = "ort"
 
 
 def _is_float(v: ir.Value | None) -> bool:
@@ -148,14 +153,15 @@ class _Annotator:
     # -- marking -------------------------------------------------------------------------------
     def _act(self, node: ir.Node, v: ir.Value | None) -> None:
         if _is_float(v) and v is not None and not _is_const(v):
-            self.plan.add(TensorPlan(v.name, Role.ACTIVATION, self._act_spec(node)))
+            edge = frozenset({node.name}) if self.cfg.placement == "kernels" else None
+            self.plan.add(TensorPlan(v.name, Role.ACTIVATION, self._act_spec(node), consumers=edge))
 
     def _weight(self, node: ir.Node, v: ir.Value | None, axis: int | None) -> None:
         if _is_float(v) and v is not None and _is_const(v):
             self.plan.add(TensorPlan(v.name, Role.WEIGHT, self._weight_spec(node, axis)))
 
     def _output(self, node: ir.Node) -> None:
-        if node.op_type in self.cfg.exclude_output_op_types:
+        if self.cfg.placement == "kernels" or node.op_type in self.cfg.exclude_output_op_types:
             return
         for out in node.outputs:
             if self._fused_activation(node, out):
@@ -183,6 +189,9 @@ class _Annotator:
             return
         op = node.op_type
         ins = list(node.inputs)
+        if self.cfg.placement == "kernels" and not kernel_inputs(node):
+            self.plan.skipped[node.name] = placement_reason(node)
+            return
         if op in _LINEAR:
             if len(ins) < 2 or ins[1] is None or not _is_const(ins[1]):
                 self.plan.skipped[node.name] = "weight W is not a constant"

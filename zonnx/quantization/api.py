@@ -26,13 +26,15 @@ from zonnx.quantization.schemes import QuantSpec, qdtype
 
 logger = logging.getLogger(__name__)
 
-#: Passes run before annotation: weights become initializers, shapes are known, BN is folded.
+#: Passes run before annotation: weights become initializers, shapes are known, BN is folded, and each
+#: linear node has its own bias (its int32 codes depend on that node's scales).
 PREP_PASSES = (
     "shape-inference",
     "constant-folding",
     "remove-noops",
     "fold-batchnorm",
     "dead-code",
+    "unshare-bias",
     "shape-inference",
 )
 
@@ -72,6 +74,12 @@ def build_config(
     method = resolve_method(calibrate_method)
     act = resolve_type(activation_type, "activation_type")
     wt = resolve_type(weight_type, "weight_type")
+    if extra.quant_placement == "kernels" and (extra.target or fmt == QuantFormat.QOperator):
+        raise OptionError(
+            "extra_options['QuantPlacement'] = 'kernels' leaves tensors float, which "
+            + ("an NPU target cannot run; targets use their own placement: drop QuantPlacement."
+               if extra.target else "QOperator ops cannot take; use quant_format=QuantFormat.QDQ.")
+        )
     if isinstance(fmt, VitisQuantFormat) and act not in ("int8", "int16", "int4"):
         raise OptionError(
             f"{fmt}: power-of-two formats are signed; use activation_type=QuantType.QInt8 (got {act})."
@@ -182,6 +190,7 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
         per_channel_axis=dict(extra.per_channel_axis),
         node_activation=node_act,
         node_weight=node_wt,
+        placement=extra.quant_placement,
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zonnx.errors import OptionError, did_you_mean
+from zonnx.quantization.placement import PLACEMENTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,8 @@ class ExtraOptions:
     export_calibration_table: str | None = None
     load_calibration_table: str | None = None
     fix_round_mode: str | None = None
+    # which edges carry quantizers: "ort" (every tensor of quantizable ops) or "kernels" (placement.py)
+    quant_placement: str = "ort"
 
 
 #: extra_options key -> (field name, expected python type(s)).
@@ -99,6 +102,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "ExportCalibrationTable": ("export_calibration_table", (str, type(None))),
     "LoadCalibrationTable": ("load_calibration_table", (str, type(None))),
     "FixRoundMode": ("fix_round_mode", (str, type(None))),
+    "QuantPlacement": ("quant_placement", str),
 }
 
 #: ORT keys accepted for compatibility whose effect zonnx already has built in (value ignored, no warning).
@@ -163,6 +167,10 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
     if opts.calib_histogram_sample is not None and opts.calib_histogram_sample < 1024:
         raise OptionError(f"extra_options['CalibHistogramSample'] = {opts.calib_histogram_sample}: use at least "
                           "1024, or None to count every value.")
+    if opts.quant_placement not in PLACEMENTS:
+        raise OptionError(
+            f"extra_options['QuantPlacement'] = {opts.quant_placement!r}: use one of {', '.join(PLACEMENTS)}."
+        )
     if not 0 < opts.calib_momentum < 1:
         raise OptionError(f"extra_options['CalibMomentum'] = {opts.calib_momentum}: must be in (0, 1).")
     return opts

@@ -25,7 +25,8 @@ class TensorPlan:
     """One tensor to quantize.
 
     ``bias_of`` names (input activation, weight) for a bias; ``fixed_range`` pins an activation's range
-    (Softmax/Sigmoid outputs); ``params`` is filled after calibration.
+    (Softmax/Sigmoid outputs); ``consumers`` names the nodes whose input edge carries the quantizer
+    (None: every reader, graph outputs included); ``params`` is filled after calibration.
     """
 
     name: str
@@ -36,6 +37,7 @@ class TensorPlan:
     params: QuantParams | None = None
     rmin: float | None = None
     rmax: float | None = None
+    consumers: frozenset[str] | None = None
 
 
 @dataclasses.dataclass
@@ -48,9 +50,12 @@ class QuantPlan:
     _parent: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def add(self, tp: TensorPlan) -> TensorPlan:
-        """Add a tensor; a tensor already planned keeps its first role and spec."""
+        """Add a tensor; a tensor already planned keeps its first role and spec, and its quantized edges
+        grow to cover both (every reader when either asks for every reader)."""
         existing = self.tensors.get(tp.name)
         if existing is not None:
+            if existing.consumers is not None:
+                existing.consumers = None if tp.consumers is None else existing.consumers | tp.consumers
             return existing
         self.tensors[tp.name] = tp
         self._parent.setdefault(tp.name, tp.name)

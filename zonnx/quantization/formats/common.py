@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ValueIndex", "add_initializer", "insert_on_value", "ensure_opset"]
+__all__ = ["ValueIndex", "add_initializer", "insert_on_value", "ensure_opset", "consumer_nodes"]
 
 from collections.abc import Callable
 
@@ -86,6 +86,13 @@ def insert_on_value(
         new.name = original
         new.type, new.shape = value.type, value.shape
     return new
+
+
+def consumer_nodes(value: ir.Value, names: frozenset[str] | None) -> list[ir.Node] | None:
+    """The readers of ``value`` named in ``names`` (None: every reader, as ``insert_on_value`` takes it)."""
+    if names is None:
+        return None
+    return [use.node for use in value.uses() if use.node.name in names]
 
 
 def ensure_opset(model: ir.Model, domain: str, version: int) -> None:

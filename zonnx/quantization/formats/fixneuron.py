@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from zonnx.custom_ops import add_functions, make_node
 from zonnx.errors import OptionError
-from zonnx.quantization.formats.common import ValueIndex, insert_on_value
+from zonnx.quantization.formats.common import ValueIndex, consumer_nodes, insert_on_value
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
 
 ACTIVATION_ROUND_MODE = "half_up"
@@ -90,7 +90,8 @@ def write_fixneuron(
             out.type, out.shape = ir.TensorType(ir.DataType.FLOAT), v.shape
             return [q, dq], out
 
-        insert_on_value(graph, index[tp.name], build)
+        value = index[tp.name]
+        insert_on_value(graph, value, build, consumer_nodes(value, tp.consumers))
         counts[tp.role.value] += 1
     add_functions(model, ["VitisQuantizeLinear", "VitisDequantizeLinear"] if separate else ["FixNeuron"])
     return counts

@@ -1,7 +1,8 @@
 """QDQ writer: standard QuantizeLinear/DequantizeLinear around every planned tensor.
 
 - Activation T: ``Q(T) -> DQ -> consumers`` (every consumer, so float consumers see what an
-  integer producer would write); a graph output keeps its name.
+  integer producer would write; only the planned consumers under the "kernels" placement); a graph
+  output keeps its name.
 - Weight W: stored as integer codes with a DequantizeLinear (``axis`` when per channel); with
   ``AddQDQPairToWeight`` the float weight stays and gets a Q/DQ pair instead.
 - Bias B: int32 codes at s_X * s_W with a DequantizeLinear.
@@ -21,7 +22,7 @@ from collections import Counter
 import numpy as np
 import onnx_ir as ir
 
-from zonnx.quantization.formats.common import ValueIndex, add_initializer, insert_on_value
+from zonnx.quantization.formats.common import ValueIndex, add_initializer, consumer_nodes, insert_on_value
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
 from zonnx.quantization.schemes import QuantParams, quantize
 
@@ -91,7 +92,12 @@ def _write_tensor(graph: ir.Graph, index: ValueIndex, tp: TensorPlan, add_pair_t
     params = tp.params
     assert params is not None, f"tensor {tp.name} has no parameters"
     if tp.role is Role.ACTIVATION or (tp.role is Role.WEIGHT and add_pair_to_weight):
-        insert_on_value(graph, value, lambda v: _qdq_nodes(index, graph, tp.name, params, v, pair=True))
+        insert_on_value(
+            graph,
+            value,
+            lambda v: _qdq_nodes(index, graph, tp.name, params, v, pair=True),
+            consumer_nodes(value, tp.consumers),
+        )
         return
     array = np.asarray(value.const_value.numpy(), np.float32)
     codes = quantize(array, params)
