@@ -77,8 +77,11 @@ def build_config(
     if extra.quant_placement == "kernels" and (extra.target or fmt == QuantFormat.QOperator):
         raise OptionError(
             "extra_options['QuantPlacement'] = 'kernels' leaves tensors float, which "
-            + ("an NPU target cannot run; targets use their own placement: drop QuantPlacement."
-               if extra.target else "QOperator ops cannot take; use quant_format=QuantFormat.QDQ.")
+            + (
+                "an NPU target cannot run; targets use their own placement: drop QuantPlacement."
+                if extra.target
+                else "QOperator ops cannot take; use quant_format=QuantFormat.QDQ."
+            )
         )
     if isinstance(fmt, VitisQuantFormat) and act not in ("int8", "int16", "int4"):
         raise OptionError(
