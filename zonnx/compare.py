@@ -202,15 +202,16 @@ def _npu(compiled: onnx.ModelProto, other: onnx.ModelProto, other_float: bool, c
     notes += [n for n in golden.notes if not n.startswith(("no float model", "no quantized model"))]
     rows = []
     for g in golden.rows:
-        if other_float and g.cos_float is not None and g.float_tensor is not None:
-            stats, via, peer = (g.cos_float, g.sqnr_db, g.max_abs_float), "NPU layer vs float", g.float_tensor
-        elif not other_float and g.cos_fq is not None:
-            stats, via, peer = (g.cos_fq, g.sqnr_fq_db, g.max_abs_fq), "NPU layer vs fake-quant", g.tensor
-        else:
-            continue
+        if other_float:  # vs the float model's tensor of the same meaning
+            stats, peer, via = (g.cos_float, g.sqnr_db, g.max_abs_float), g.float_tensor, "NPU layer vs float"
+        else:  # vs the fake-quant value of the same tensor
+            stats, peer, via = (g.cos_fq, g.sqnr_fq_db, g.max_abs_fq), g.tensor, "NPU layer vs fake-quant"
+        cos, sqnr, max_abs = stats
+        if cos is None or sqnr is None or max_abs is None or peer is None:
+            continue  # no counterpart (golden's notes count these)
         mine, theirs = (g.tensor, peer) if compiled_is_a else (peer, g.tensor)
         lsb = None if other_float else g.max_lsb
-        rows.append(TensorDiff(g.index, mine, theirs, g.kind, g.shape, *stats, via, lsb))  # type: ignore[arg-type]
+        rows.append(TensorDiff(g.index, mine, theirs, g.kind, g.shape, cos, sqnr, max_abs, via, lsb))
     return rows
 
 
