@@ -8,13 +8,14 @@ For each NPU op output ``T`` (``zonnx.backend.dump``, program order), with ``q``
   the quantized model's names: ``T`` is a quantizer's output (QuantizeLinear: integer codes, taken as
   they are; FixNeuron: a float on its grid) or the output of a code op (MaxPool, Reshape, Flatten...:
   a float on the grid). Floats become codes with ``round(v / scale) + zero_point``. Reported: the
-  largest ``|q_npu - q_fq|`` in LSB and how many codes differ. Tensors the compiler made itself (a
+  largest ``|q_npu - q_fq|`` in LSB, how many codes differ and, on both dequantized, cosine, SQNR and
+  max abs error (``cos_fq``, ``sqnr_fq_db``, ``max_abs_fq``). Tensors the compiler made itself (a
   Concat input rescale ``<out>__concat_in<i>``) have no fake-quant counterpart.
 - vs float: the float model is prepared with the quantizer's own lossless passes (``PREP_PASSES``:
   BatchNormalization folded into the Conv, whose output keeps its name) so its tensor names mean what
   they mean in the quantized model; ``T``'s float counterpart is the quantizer's input (``X`` for
   ``X_QuantizeLinear_Output`` or ``X_fix``), through a constant ``Mul`` refinement when there is one,
-  else ``T`` itself. Reported: cosine and ``SQNR = 10 log10(sum f^2 / sum (f - d)^2)`` dB.
+  else ``T`` itself. Reported: cosine, ``SQNR = 10 log10(sum f^2 / sum (f - d)^2)`` dB and max |f - d|.
 
 A layer diverges when ``cosine < tol_cos`` (default 0.99, TPU-MLIR's npz_compare cosine) or
 ``max LSB > tol_lsb`` (default 1; VART's golden check wants equal codes, i.e. 0). The first diverging
@@ -83,6 +84,9 @@ class LayerRow:
     codes_diff: int | None = None
     local_lsb: int | None = None
     fq_cos_float: float | None = None
+    max_abs_float: float | None = None
+    sqnr_fq_db: float | None = None
+    max_abs_fq: float | None = None
     size: int = 0
     reasons: list[str] = dataclasses.field(default_factory=list)
 
@@ -99,7 +103,8 @@ class LayerRow:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["diverged"] = self.diverged
-        for k in ("cos_float", "sqnr_db", "cos_fq", "fq_cos_float"):  # strict JSON has no Infinity
+        # strict JSON has no Infinity
+        for k in ("cos_float", "sqnr_db", "cos_fq", "fq_cos_float", "sqnr_fq_db"):
             if isinstance(out[k], float) and not math.isfinite(out[k]):
                 out[k] = "inf" if out[k] > 0 else "-inf"
         return out
@@ -281,7 +286,9 @@ def _with_fake_quant(
             continue
         diff = np.abs(layer.value.astype(np.int64) - q_fq)
         row.max_lsb, row.codes_diff = int(diff.max(initial=0)), int(np.count_nonzero(diff))
-        row.cos_fq = cosine(layer.dequantize(), layer.info.dequantize(q_fq))
+        d, d_fq = layer.dequantize(), layer.info.dequantize(q_fq)
+        row.cos_fq, row.sqnr_fq_db = cosine(d_fq, d), sqnr_db(d_fq, d)
+        row.max_abs_fq = float(np.abs(d - d_fq).max(initial=0))
         row.local_lsb = _local_lsb(layer, fq)
         if row.max_lsb > tol:
             row.reasons.append(f"{row.max_lsb} LSB > {tol} vs fake-quant")
@@ -301,6 +308,7 @@ def _with_float(
             continue
         d = layer.dequantize()
         row.cos_float, row.sqnr_db = cosine(ref, d), sqnr_db(ref, d)
+        row.max_abs_float = float(np.abs(ref.astype(np.float64) - d).max(initial=0))
         if row.tensor in fq:
             row.fq_cos_float = cosine(ref, layer.info.dequantize(fq[row.tensor]))
         if row.cos_float < tol:

@@ -14,6 +14,7 @@ from zonnx import __version__
 from zonnx.errors import ZonnxError
 from zonnx.tools import (
     build_cmd,
+    compare_cmd,
     compile_cmd,
     convert_cmd,
     doctor_cmd,
@@ -41,6 +42,7 @@ app.command("build")(build_cmd.build)
 app.command("convert")(convert_cmd.convert)
 app.command("run")(run_cmd.run)
 app.command("profile")(profile_cmd.profile)
+app.command("compare")(compare_cmd.compare)
 app.command("doctor")(doctor_cmd.doctor)
 
 

@@ -208,7 +208,8 @@ def run(
     and DIR/index.json (name, op, dtype, shape, scale, zero point). --compare golden compares each NPU
     layer with the float model (cosine, SQNR) and the fake-quantized model run by onnxruntime (codes
     that differ, in LSB) and names the first layer beyond --tol-cos / --tol-lsb; the exit code is then
-    1. Bad input (missing file, wrong input name) exits with 2.
+    1. Bad input (missing file, wrong input name) exits with 2. `zonnx compare` runs the same layer
+    comparison for a compiled model and one other model, and compares any two forms of a network.
     """
     paths = {"--float-model": float_model, "--qdq-model": qdq_model, "--report": report}
     _check_options(compare, paths, tol_cos, tol_lsb)

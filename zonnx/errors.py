@@ -10,6 +10,7 @@ __all__ = [
     "OptionError",
     "PassFailedError",
     "VerificationError",
+    "MetricError",
     "did_you_mean",
 ]
 
@@ -48,6 +49,10 @@ class PassFailedError(ZonnxError):
 
 class VerificationError(ZonnxError):
     """A rewritten model does not match the original numerically or does not load."""
+
+
+class MetricError(ZonnxError):
+    """A model metric cannot be loaded or failed (plugin file or class missing, it raised, or gave no number)."""
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -22,6 +22,7 @@ __all__ = [
     "cls_inputs",
     "ctc_greedy_decode",
     "char_accuracy",
+    "edit_distance",
 ]
 
 import functools
@@ -289,7 +290,8 @@ def ctc_greedy_decode(probs: np.ndarray, characters: tuple[str, ...] | None = No
     return texts
 
 
-def _edit_distance(a: str, b: str) -> int:
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest single-character insertions, deletions and substitutions."""
     prev = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):
         cur = [i]
@@ -304,6 +306,6 @@ def char_accuracy(predicted: list[str], truth: list[str]) -> float:
 
     Leading and trailing spaces of both are ignored (the crop's margins are often read as spaces).
     """
-    errors = sum(_edit_distance(p.strip(), t.strip()) for p, t in zip(predicted, truth, strict=True))
+    errors = sum(edit_distance(p.strip(), t.strip()) for p, t in zip(predicted, truth, strict=True))
     total = sum(len(t.strip()) for t in truth)
     return max(0.0, 1.0 - errors / total) if total else 1.0

@@ -1,0 +1,129 @@
+"""Built-in metrics on the outputs of a float model (x) and another model (q) over N samples.
+
+- ``cosine``: per sample, every output flattened and concatenated into one vector each;
+  ``mean_s cos(x_s, q_s)`` with ``cos = x.q / (|x| |q|)`` (1 when both are zero, 0 when one is).
+- ``sqnr``: ``10 log10(sum_s |x_s|^2 / sum_s |x_s - q_s|^2)`` dB over all outputs of all samples
+  (+inf when the outputs are equal, -inf when the float outputs are all zero and the others are not).
+- ``top1``: agreement of ``argmax`` over the last axis of the *first* output: the fraction of positions
+  (batch rows, and every leading index) where ``argmax q == argmax x``. It measures agreement with
+  the float model, not accuracy against labels (none are read).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Cosine", "Sqnr", "Top1", "paired"]
+
+import logging
+import math
+
+import numpy as np
+
+from zonnx.errors import MetricError
+from zonnx.verify import cosine
+
+logger = logging.getLogger(__name__)
+
+
+def paired(
+    name: str, float_outputs: list[np.ndarray], quant_outputs: list[np.ndarray], count: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Output pairs (float, other) as float64; MetricError when their number or shapes differ.
+
+    ``count`` is the sample's index, for the message.
+    """
+    if len(float_outputs) != len(quant_outputs):
+        raise MetricError(
+            f"metric {name}: sample {count}: the float model gives {len(float_outputs)} output(s), the "
+            f"other model {len(quant_outputs)}; compare models with the same outputs."
+        )
+    pairs = []
+    for i, (x, q) in enumerate(zip(float_outputs, quant_outputs, strict=True)):
+        x, q = np.asarray(x), np.asarray(q)
+        if x.shape != q.shape:
+            raise MetricError(
+                f"metric {name}: sample {count}: output {i} has shape {list(x.shape)} in the float model "
+                f"and {list(q.shape)} in the other; compare models with the same outputs."
+            )
+        pairs.append((x.astype(np.float64), q.astype(np.float64)))
+    return pairs
+
+
+class Cosine:
+    """Mean over samples of the cosine between all float outputs and all other outputs, flattened."""
+
+    higher_is_better = True
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.samples = 0
+
+    def update(
+        self, float_outputs: list[np.ndarray], quant_outputs: list[np.ndarray], feed: dict[str, np.ndarray]
+    ) -> None:
+        pairs = paired("cosine", float_outputs, quant_outputs, self.samples)
+        x = np.concatenate([a.ravel() for a, _ in pairs]) if pairs else np.zeros(0)
+        q = np.concatenate([b.ravel() for _, b in pairs]) if pairs else np.zeros(0)
+        self.total += cosine(x, q)
+        self.samples += 1
+
+    def result(self) -> float:
+        if not self.samples:
+            raise MetricError("metric cosine: no sample was given; feed at least one.")
+        return self.total / self.samples
+
+
+class Sqnr:
+    """Signal-to-quantization-noise ratio in dB over all outputs of all samples."""
+
+    higher_is_better = True
+
+    def __init__(self) -> None:
+        self.signal = 0.0
+        self.noise = 0.0
+        self.samples = 0
+
+    def update(
+        self, float_outputs: list[np.ndarray], quant_outputs: list[np.ndarray], feed: dict[str, np.ndarray]
+    ) -> None:
+        for x, q in paired("sqnr", float_outputs, quant_outputs, self.samples):
+            self.signal += float(np.sum(x * x))
+            self.noise += float(np.sum((x - q) ** 2))
+        self.samples += 1
+
+    def result(self) -> float:
+        if not self.samples:
+            raise MetricError("metric sqnr: no sample was given; feed at least one.")
+        if self.noise == 0:
+            return math.inf
+        return 10 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
+
+
+class Top1:
+    """Fraction of positions where argmax over the last axis of the first output agrees with float's."""
+
+    higher_is_better = True
+
+    def __init__(self) -> None:
+        self.agree = 0
+        self.positions = 0
+        self.samples = 0
+
+    def update(
+        self, float_outputs: list[np.ndarray], quant_outputs: list[np.ndarray], feed: dict[str, np.ndarray]
+    ) -> None:
+        pairs = paired("top1", float_outputs[:1], quant_outputs[:1], self.samples)
+        if not pairs or pairs[0][0].ndim == 0 or pairs[0][0].shape[-1] == 0:
+            shape = list(pairs[0][0].shape) if pairs else "no output"
+            raise MetricError(
+                f"metric top1: the first output is {shape}; top1 needs class scores on the last axis."
+            )
+        x, q = pairs[0]
+        same = x.argmax(axis=-1) == q.argmax(axis=-1)
+        self.agree += int(np.count_nonzero(same))
+        self.positions += int(same.size)
+        self.samples += 1
+
+    def result(self) -> float:
+        if not self.positions:
+            raise MetricError("metric top1: no sample was given; feed at least one.")
+        return self.agree / self.positions

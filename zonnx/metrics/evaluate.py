@@ -1,0 +1,100 @@
+"""Run a float model and another model (quantized or compiled) on the same samples and score them with a metric.
+
+Both models run once per sample; each gets the sample's arrays named as its inputs (other arrays, such as
+labels a plugin reads, only reach the metric). Float and quantized models run in ONNX Runtime as written
+(``zonnx.verify.ort_session``: graph optimizations off, integer ops in the form this host computes
+exactly); a compiled model (NpuSubgraph nodes) runs in ``zonnx.InferenceSession`` on the NPU provider.
+"""
+
+from __future__ import annotations
+
+__all__ = ["evaluate", "Runner"]
+
+import itertools
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from zonnx.errors import OptionError, VerificationError
+from zonnx.ir.io import ModelLike, to_proto
+from zonnx.metrics.plugins import guard, load_metric
+from zonnx.metrics.protocol import Metric, as_number
+from zonnx.verify import ort_session
+
+logger = logging.getLogger(__name__)
+
+Runner = Callable[[Mapping[str, np.ndarray], int], list[np.ndarray]]
+
+
+def _runner(model: ModelLike, what: str) -> Runner:
+    """A function running one sample through ``model`` (outputs in graph order)."""
+    from zonnx.backend.compiled import is_compiled
+
+    proto = to_proto(model)
+    if is_compiled(proto):
+        from zonnx.backend.session import CPU_PROVIDER, NPU_PROVIDER, InferenceSession
+
+        sess: Any = InferenceSession(proto, providers=[NPU_PROVIDER, CPU_PROVIDER])
+    else:
+        sess = ort_session(proto)
+    inputs = [i.name for i in sess.get_inputs()]
+
+    def run(sample: Mapping[str, np.ndarray], index: int) -> list[np.ndarray]:
+        missing = [n for n in inputs if n not in sample]
+        if missing:
+            raise OptionError(
+                f"sample {index}: no array for input {missing[0]!r} of the {what}; "
+                f"the sample has {sorted(sample)}."
+            )
+        try:
+            return list(sess.run(None, {n: np.asarray(sample[n]) for n in inputs}))
+        except Exception as e:  # ORT's exception classes share no public base
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise VerificationError(f"sample {index}: the {what} failed to run ({first}).") from None
+
+    return run
+
+
+def _samples(feeds: Any) -> Iterable[Mapping[str, np.ndarray]]:
+    if hasattr(feeds, "get_next"):  # a CalibrationDataReader
+        return iter(feeds.get_next, None)
+    if isinstance(feeds, Mapping):
+        return [feeds]
+    return feeds
+
+
+def evaluate(
+    float_model: ModelLike,
+    quant_model: ModelLike,
+    feeds: Any,
+    metric: Metric | str,
+    *,
+    max_samples: int | None = None,
+) -> float:
+    """Score ``quant_model`` against ``float_model`` on ``feeds`` with ``metric``; returns ``result()``.
+
+    ``feeds``: one input dict, an iterable of them, or a CalibrationDataReader; at most ``max_samples``
+    are used. ``metric``: an object following the protocol (``zonnx.metrics.protocol``) or a spec for
+    ``load_metric`` (the float model's path is passed along when it is a path). Errors a metric raises
+    become one MetricError line naming its file and line; a result that is not a number is refused.
+    """
+    if isinstance(metric, str):
+        path = float_model if isinstance(float_model, str | os.PathLike) else None
+        metric = load_metric(metric, path)
+    checked = guard(metric)
+    run_float, run_other = _runner(float_model, "float model"), _runner(quant_model, "other model")
+    if max_samples is not None and max_samples < 1:
+        raise OptionError(f"max_samples={max_samples}: evaluate at least 1 sample.")
+    count = 0
+    for index, sample in enumerate(itertools.islice(_samples(feeds), max_samples)):
+        feed = {k: np.asarray(v) for k, v in sample.items()}
+        checked.update(run_float(feed, index), run_other(feed, index), feed)
+        count += 1
+    if not count:
+        raise OptionError("feeds gave no sample; pass at least one input dict.")
+    value = as_number(checked.result(), f"metric {type(metric).__name__}")
+    logger.info("metric %s over %d sample(s): %.6g", type(metric).__name__, count, value)
+    return value
