@@ -67,6 +67,7 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
             f"activations {cfg.activation_type}, weights {cfg.weight_type}"
             + (", per channel" if cfg.per_channel else ""),
         ),
+        ("placement", cfg.extra.quant_placement if not cfg.extra.target else f"target {cfg.extra.target}"),
         ("opset", str(result.opset)),
         ("quantized", ", ".join(f"{v} {_PLURAL.get(k, k)}" for k, v in sorted(result.counts.items()))),
         ("nodes left float", str(len(result.plan.skipped))),
@@ -96,6 +97,13 @@ def _target_defaults(target: str | None) -> dict:
     return out
 
 
+def _generic_defaults(tdef: dict, fmt: str) -> dict[str, Any]:
+    """Without a target, the CLI quantizes only what integer kernels read (QDQ output only)."""
+    if tdef or str(fmt).lower() != "qdq":
+        return {}
+    return {"QuantPlacement": "kernels"}
+
+
 def _calib_file(calib: str | None) -> Path | None:
     """The file behind --calib (an array file, or the Python file of FILE.py:FUNC); None for a folder."""
     if not calib:
@@ -123,7 +131,17 @@ def quantize(
         "--target",
         help="NPU target: its scheme fills the options not given, its rules refine the result.",
     ),
-    per_channel: bool = typer.Option(None, "--per-channel/--per-tensor", help="Per-channel weights."),
+    per_channel: bool = typer.Option(
+        None,
+        "--per-channel/--per-tensor",
+        help="Per-channel weights (default without a target: per channel).",
+    ),
+    placement: str = typer.Option(
+        None,
+        "--placement",
+        help="Which tensors get quantizers: kernels (only what integer kernels read; default without a "
+        "target) or ort (every tensor of quantizable ops, as ONNX Runtime's quantize_static).",
+    ),
     activation_type: str = typer.Option(
         None, "--activation-type", help="int8, uint8, int16, uint16, bfloat16."
     ),
@@ -162,7 +180,15 @@ def quantize(
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
     tdef = _target_defaults(target or cfg_file.get("target"))
-    extra_options = {**tdef.get("extra_options", {}), **cfg_file.get("extra_options", {}), **_extra(extra)}
+    fmt = fmt or cfg_file.get("format", tdef.get("quant_format", "qdq"))
+    extra_options = {
+        **tdef.get("extra_options", {}),
+        **_generic_defaults(tdef, fmt),
+        **cfg_file.get("extra_options", {}),
+        **_extra(extra),
+    }
+    if placement is not None:
+        extra_options["QuantPlacement"] = placement
     for key, value in (
         ("Target", target or cfg_file.get("target")),
         ("SaveStats", save_stats),
@@ -174,11 +200,11 @@ def quantize(
             extra_options[key] = str(value)
     excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
     cfg = build_config(
-        quant_format=fmt or cfg_file.get("format", tdef.get("quant_format", "qdq")),
+        quant_format=fmt,
         op_types_to_quantize=parse_name_list(op_types) or cfg_file.get("op_types_to_quantize"),
         per_channel=per_channel
         if per_channel is not None
-        else cfg_file.get("per_channel", tdef.get("per_channel", False)),
+        else cfg_file.get("per_channel", tdef.get("per_channel", not tdef)),
         reduce_range=cfg_file.get("reduce_range", False),
         activation_type=activation_type
         or cfg_file.get("activation_type", tdef.get("activation_type", "int8")),

@@ -7,6 +7,7 @@ __all__ = ["quantize_static", "QuantizeResult", "build_config"]
 import dataclasses
 import logging
 import os
+import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,6 +52,7 @@ class QuantizeResult:
     output: Path | None = None
     report: Any = None
     refinement: Any = None  # Changes made by the target's refinement rules, when a target was given
+    warnings: list[str] = dataclasses.field(default_factory=list)  # what the run said about lost accuracy
 
 
 def build_config(
@@ -197,17 +199,30 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
     )
 
 
-class _KeepFirst:
-    """Delegates to a calibration reader and keeps copies of its first ``n`` feeds for the layer report."""
+class _KeepSpread:
+    """Delegates to a calibration reader and keeps ``n`` of its feeds spread over the whole set.
 
-    def __init__(self, reader: Any, n: int = 4) -> None:
+    Reservoir sampling with a fixed seed: every feed has the same chance to be kept, whatever the
+    number of feeds (unknown in advance), and memory stays at ``n`` feeds.
+    """
+
+    def __init__(self, reader: Any, n: int = 4, seed: int = 0) -> None:
         self._reader, self._n = reader, n
+        self._rng = random.Random(seed)
+        self._seen = 0
         self.kept: list[dict[str, Any]] = []
 
     def get_next(self) -> Any:
         feed = self._reader.get_next()
-        if feed and len(self.kept) < self._n:
-            self.kept.append({k: v.copy() if hasattr(v, "copy") else v for k, v in feed.items()})
+        if feed and self._n:
+            slot = self._seen if self._seen < self._n else self._rng.randrange(self._seen + 1)
+            self._seen += 1
+            if slot < self._n:
+                copy = {k: v.copy() if hasattr(v, "copy") else v for k, v in feed.items()}
+                if slot < len(self.kept):
+                    self.kept[slot] = copy
+                else:
+                    self.kept.append(copy)
         return feed
 
     def __getattr__(self, name: str) -> Any:
@@ -337,7 +352,7 @@ def quantize_static(
         )
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
-    reader = _KeepFirst(calibration_data_reader) if calibration_data_reader is not None else None
+    reader = _KeepSpread(calibration_data_reader, cfg.extra.report_samples) if calibration_data_reader is not None else None
     calibrate_plan(
         float_model,
         plan,
@@ -362,9 +377,20 @@ def quantize_static(
         proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
     result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement)
     if reader is not None and reader.kept:
+        from zonnx.quantization.collapse import similarity_warning
         from zonnx.quantization.report import layer_report
 
-        result.report = layer_report(float_model, proto, reader.kept)
+        result.report = layer_report(float_model, proto, reader.kept, max_samples=len(reader.kept))
+        warning = similarity_warning(
+            result.report,
+            float_model,
+            cfg.extra.warn_below_cosine,
+            target=target.name if target is not None else None,
+            placement=cfg.extra.quant_placement,
+        )
+        if warning:
+            logger.warning("%s", warning)
+            result.warnings.append(warning)
     if out is not None:
         save_model(proto, out, external_data=True if cfg.use_external_data_format else None)
         report_path = cfg.extra.report_path or f"{out}.report.json"

@@ -63,6 +63,10 @@ class ExtraOptions:
     fix_round_mode: str | None = None
     # which edges carry quantizers: "ort" (every tensor of quantizable ops) or "kernels" (placement.py)
     quant_placement: str = "ort"
+    # calibration samples, spread over the whole set, kept for the per-layer report and the collapse check
+    report_samples: int = 4
+    # warn when a model output's cosine against float falls below this on those samples (collapse.py)
+    warn_below_cosine: float = 0.99
 
 
 #: extra_options key -> (field name, expected python type(s)).
@@ -103,6 +107,8 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "LoadCalibrationTable": ("load_calibration_table", (str, type(None))),
     "FixRoundMode": ("fix_round_mode", (str, type(None))),
     "QuantPlacement": ("quant_placement", str),
+    "ReportSamples": ("report_samples", int),
+    "WarnBelowCosine": ("warn_below_cosine", (int, float)),
 }
 
 #: ORT keys accepted for compatibility whose effect zonnx already has built in (value ignored, no warning).
@@ -122,6 +128,8 @@ _UNSUPPORTED = {
 
 #: Largest histogram accepted for CalibNumBins (its memory is per calibrated tensor).
 MAX_BINS = 1 << 16
+#: Most samples kept in memory for the per-layer report.
+MAX_REPORT_SAMPLES = 256
 
 
 def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
@@ -171,6 +179,12 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
         raise OptionError(
             f"extra_options['QuantPlacement'] = {opts.quant_placement!r}: use one of {', '.join(PLACEMENTS)}."
         )
+    if not 0 <= opts.report_samples <= MAX_REPORT_SAMPLES:
+        raise OptionError(
+            f"extra_options['ReportSamples'] = {opts.report_samples}: use 0 (no report) to {MAX_REPORT_SAMPLES}."
+        )
+    if not 0 <= opts.warn_below_cosine <= 1:
+        raise OptionError(f"extra_options['WarnBelowCosine'] = {opts.warn_below_cosine}: must be in [0, 1].")
     if not 0 < opts.calib_momentum < 1:
         raise OptionError(f"extra_options['CalibMomentum'] = {opts.calib_momentum}: must be in (0, 1).")
     return opts
