@@ -1,0 +1,113 @@
+"""``quantize_with_budget``: calibrate once, search the cheapest mixed precision within the budget, write it.
+
+Evaluation samples come from ``eval_feeds`` or, when none are given, from the calibration data: every
+4th sample is held out (and said), so the score is never measured on the samples that set the ranges.
+Statistics are saved once in ``work_dir`` and every candidate re-quantizes from them. The output model
+is quantized with the chosen overrides; the overrides are written next to it as ``OUTPUT.search.toml``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["quantize_with_budget", "read_feeds"]
+
+import dataclasses
+import logging
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zonnx.errors import OptionError
+from zonnx.quantization.calibration.readers import ListReader
+from zonnx.quantization.config import QuantConfig
+from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
+from zonnx.quantization.search.executor import Executor
+from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
+
+logger = logging.getLogger(__name__)
+
+#: Most samples read into memory from a calibration reader for the search.
+MAX_SEARCH_SAMPLES = 4096
+
+
+def read_feeds(reader: Any, what: str) -> list[dict[str, np.ndarray]]:
+    """Every feed of a CalibrationDataReader or an iterable of input dicts, bounded."""
+    items = iter(reader.get_next, None) if hasattr(reader, "get_next") else iter(reader)
+    feeds = []
+    for feed in items:
+        if len(feeds) == MAX_SEARCH_SAMPLES:
+            raise OptionError(
+                f"{what}: more than {MAX_SEARCH_SAMPLES} samples; the search keeps them in memory."
+            )
+        feeds.append({k: np.asarray(v) for k, v in feed.items()})
+    return feeds
+
+
+def quantize_with_budget(
+    model_input: str | Path,
+    model_output: str | Path,
+    calibration_data_reader: Any,
+    config: QuantConfig,
+    *,
+    budget: float,
+    metric: str = "cosine",
+    eval_feeds: Sequence[dict[str, np.ndarray]] | None = None,
+    max_layers: int = 24,
+    executor: Executor | None = None,
+    progress: Callable[[str, Candidate | None], None] | None = None,
+) -> tuple[Any, BudgetResult, Path]:
+    """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
+
+    Returns the final ``QuantizeResult``, the ``BudgetResult`` (every candidate) and the config path.
+    """
+    from zonnx.quantization.api import quantize_static
+
+    if not isinstance(model_input, str | Path):
+        raise OptionError("the accuracy search takes the float model as a path.")
+    if max_layers < 1:
+        raise OptionError(f"--search-layers {max_layers}: measure at least 1 layer.")
+    feeds = read_feeds(calibration_data_reader, "calibration data")
+    if eval_feeds is None:
+        calib, held = split_eval(feeds)
+        logger.warning(
+            "no evaluation data given: held out %d of the %d calibration samples (every 4th) for the search",
+            len(held),
+            len(feeds),
+        )
+    else:
+        calib, held = feeds, [dict(f) for f in eval_feeds]
+    out = Path(model_output)
+    config_path = out.with_name(out.name + ".search.toml")
+    with tempfile.TemporaryDirectory(prefix="zonnx-search-") as work:
+        stats = Path(work) / "stats.npz"
+        base = dataclasses.replace(config, extra=dataclasses.replace(config.extra, save_stats=str(stats)))
+        baseline = quantize_static(model_input, None, ListReader(calib), config=base)
+        if baseline.report is None:
+            raise OptionError(
+                "the accuracy search needs the per-layer report; set ReportSamples to 1 or more."
+            )
+        scorer = CandidateScorer(model_input, config, stats, held, metric)
+        result = search_budget(
+            scorer,
+            baseline.report,
+            baseline.plan.quantized_nodes,
+            budget,
+            max_layers=max_layers,
+            cache=out.with_name(out.name + ".sensitivity.json"),
+            executor=executor,
+            progress=progress,
+        )
+    final_cfg = dataclasses.replace(
+        config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
+    )
+    final = quantize_static(model_input, out, ListReader(calib), config=final_cfg)
+    note = (
+        f"zonnx quantize --accuracy-budget: {metric} {result.chosen.score:.4f} against float "
+        f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
+        f"on {result.eval_samples} evaluation samples;\n{result.chosen.raised} layer(s) raised to "
+        f"{result.precision}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
+    )
+    write_config(config_path, config, result.chosen.overrides, note)
+    return final, result, config_path

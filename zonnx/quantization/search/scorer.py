@@ -1,0 +1,127 @@
+"""Score one mixed-precision candidate: re-quantize from saved statistics, run it, apply the metric.
+
+A candidate is a mapping node name -> precision: ``"int16"`` (16-bit activations for the node) or
+``"float"`` (the node is left float; on an NPU target it runs on the CPU). Re-quantizing uses the
+statistics saved by the baseline run, so no candidate calibrates again, and the per-layer report is
+off. The float model's outputs on the evaluation samples are computed once.
+
+NPU share: for a target, the quantized candidate goes through the backend's capability check and
+partitioner (no compilation), and the share of MACs in NPU subgraphs is recorded beside the metric.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Candidate", "CandidateScorer", "PRECISIONS"]
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zonnx.errors import OptionError
+from zonnx.metrics import load_metric
+from zonnx.metrics.plugins import guard
+from zonnx.quantization.config import QuantConfig
+from zonnx.verify import ort_session
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("int16", "float")
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One evaluated configuration: which nodes are not int8, its score and what it costs."""
+
+    overrides: dict[str, str]
+    score: float
+    npu_mac_share: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def raised(self) -> int:
+        return len(self.overrides)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def node_overrides(overrides: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Candidate precisions as the per-node overrides of a quantization config file."""
+    out: dict[str, dict[str, Any]] = {}
+    for node, precision in overrides.items():
+        if precision not in PRECISIONS:
+            raise OptionError(
+                f"node {node!r}: precision {precision!r} is not one of {', '.join(PRECISIONS)}."
+            )
+        out[node] = {"exclude": True} if precision == "float" else {"activation_type": precision}
+    return out
+
+
+def npu_mac_share(model: Any, target: str) -> float:
+    """Share of MACs the backend's partitioner would put on ``target`` (capability + partition only)."""
+    import onnx_ir as ir
+
+    from zonnx.backend.partition.capability import propose
+    from zonnx.backend.partition.partitioner import partition
+    from zonnx.backend.targets import load_target
+
+    ir_model = ir.serde.deserialize_model(model)
+    capability = propose(ir_model, load_target(target))
+    return partition(ir_model, capability).mac_share
+
+
+class CandidateScorer:
+    """Quantizes ``float_model`` with ``base`` plus a candidate's overrides and scores it on ``feeds``."""
+
+    def __init__(
+        self,
+        float_model: str | Path,
+        base: QuantConfig,
+        stats_path: str | Path,
+        feeds: Sequence[Mapping[str, np.ndarray]],
+        metric: str,
+    ) -> None:
+        if not feeds:
+            raise OptionError("the accuracy search needs at least one evaluation sample.")
+        self.float_model = str(float_model)
+        self.metric_spec = metric
+        self.base = dataclasses.replace(
+            base,
+            extra=dataclasses.replace(
+                base.extra, load_stats=str(stats_path), save_stats=None, report_samples=0, report_path=None
+            ),
+        )
+        self.feeds = [dict(f) for f in feeds]
+        sess = ort_session(self.float_model)
+        self.float_outputs = [list(sess.run(None, f)) for f in self.feeds]
+        self.float_score = self._score_outputs(self.float_outputs)
+
+    def _score_outputs(self, outputs: Sequence[list[np.ndarray]]) -> float:
+        metric = guard(load_metric(self.metric_spec, self.float_model))
+        for ref, out, feed in zip(self.float_outputs, outputs, self.feeds, strict=True):
+            metric.update(ref, out, feed)
+        return float(metric.result())
+
+    def quantize(self, overrides: Mapping[str, str]) -> Any:
+        """The quantized ModelProto of a candidate (nothing written)."""
+        from zonnx.quantization.api import quantize_static
+
+        cfg = dataclasses.replace(
+            self.base, node_overrides={**self.base.node_overrides, **node_overrides(overrides)}
+        )
+        return quantize_static(self.float_model, None, None, config=cfg).model
+
+    def score(self, overrides: Mapping[str, str]) -> Candidate:
+        """Quantize, run and score one candidate; the NPU share when the base config has a target."""
+        start = time.perf_counter()
+        model = self.quantize(overrides)
+        sess = ort_session(model)
+        score = self._score_outputs([list(sess.run(None, f)) for f in self.feeds])
+        target = self.base.extra.target
+        share = npu_mac_share(model, target) if target else None
+        return Candidate(dict(overrides), score, share, time.perf_counter() - start)
