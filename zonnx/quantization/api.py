@@ -49,6 +49,7 @@ class QuantizeResult:
     output: Path | None = None
     report: Any = None
     refinement: Any = None  # Changes made by the target's refinement rules, when a target was given
+    recovery: dict[str, Any] = dataclasses.field(default_factory=dict)  # records of CLE, bias correction
 
 
 def build_config(
@@ -310,12 +311,16 @@ def quantize_static(
             )
     if target is None:
         _warn_u8s8(cfg)
+    from zonnx.quantization.recovery import steps as recovery
+
+    recovery.check_recovery_options(cfg, calibration_data_reader is not None)
     model = to_ir(
         onnx.ModelProto.FromString(model_input.SerializeToString())
         if isinstance(model_input, onnx.ModelProto)
         else model_input
     )
     _prepare(model, cfg)
+    records = recovery.recover_float(model, cfg)
     _check_node_names(model, cfg)
     plan = annotate(model, _annotate_config(model, cfg))
     if not plan.tensors:
@@ -325,7 +330,8 @@ def quantize_static(
         )
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
-    reader = _KeepFirst(calibration_data_reader) if calibration_data_reader is not None else None
+    keep = recovery.KEPT_SAMPLES if cfg.extra.bias_correction else 4
+    reader = _KeepFirst(calibration_data_reader, keep) if calibration_data_reader is not None else None
     calibrate_plan(
         float_model,
         plan,
@@ -342,13 +348,18 @@ def quantize_static(
         from zonnx.quantization.refine.pipeline import refine_model
 
         refinement = refine_model(model, target)
+    if cfg.extra.bias_correction:
+        feeds = recovery.samples_for(reader)
+        records.update(
+            recovery.recover_quantized(model, float_model, feeds, cfg, target, calibration_providers)
+        )
     proto = to_proto(model)
     if isinstance(model_input, str | Path):  # for `zonnx run --compare golden` on the compiled model
         kept = [p for p in proto.metadata_props if p.key != "zonnx.float_source"]
         del proto.metadata_props[:]
         proto.metadata_props.extend(kept)
         proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
-    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement)
+    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=records)
     if reader is not None and reader.kept:
         from zonnx.quantization.report import layer_report
 
