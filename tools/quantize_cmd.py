@@ -77,6 +77,8 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
         rows.append(
             ("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed")
         )
+    for name, record in result.recovery.items():
+        rows.append((name.replace("_", " "), record.summary() if hasattr(record, "summary") else str(record)))
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -150,6 +152,18 @@ def quantize(
     load_table: Path = typer.Option(
         None, "--load-table", help="Take ranges from a TPU-MLIR calibration table."
     ),
+    cle: bool = typer.Option(
+        None, "--cle/--no-cle", help="Cross-layer equalization before calibration (IncludeCLE)."
+    ),
+    cle_steps: int = typer.Option(None, "--cle-steps", help="Equalization steps with --cle (CLESteps, 1)."),
+    replace_relu6: bool = typer.Option(
+        None,
+        "--replace-relu6",
+        help="Replace Clip(0, 6) by Relu first (ReplaceClip6Relu; changes the model).",
+    ),
+    bias_correction: bool = typer.Option(
+        None, "--bias-correction/--no-bias-correction", help="Empirical bias correction (BiasCorrection)."
+    ),
     extra: list[str] = typer.Option(None, "--extra", help="extra_options KEY=VALUE (repeatable)."),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
@@ -169,9 +183,13 @@ def quantize(
         ("LoadStats", load_stats),
         ("ExportCalibrationTable", export_table),
         ("LoadCalibrationTable", load_table),
+        ("IncludeCLE", cle),
+        ("CLESteps", cle_steps),
+        ("ReplaceClip6Relu", replace_relu6),
+        ("BiasCorrection", bias_correction),
     ):
         if value is not None:
-            extra_options[key] = str(value)
+            extra_options[key] = value if isinstance(value, bool | int) else str(value)
     excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
     cfg = build_config(
         quant_format=fmt or cfg_file.get("format", tdef.get("quant_format", "qdq")),
