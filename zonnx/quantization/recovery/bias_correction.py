@@ -22,7 +22,8 @@ corrected level by level (level = 1 + the highest level among the corrected laye
 measured on the model with all earlier levels already corrected; the layers of one level cannot affect
 each other and share one run (runs = levels + 1). Correcting all layers from one measurement
 (``sequential=False``) over-corrects: each layer also compensates for error that its upstream layers'
-corrections remove; on the zoo MobileNetV2 it gains less (see ``docs/design.md``).
+corrections remove; on the zoo MobileNetV2 (FixNeuron, MinMSE, 8 samples) it dropped the in-sample logits
+SQNR from 10.3 to 3.0 dB where sequential correction raised it to 10.9 dB.
 MatMul has no bias input (a following Add is a separate op) and a layer without a bias is not given one:
 both are left alone, as is a layer whose bias is not quantized.
 """
