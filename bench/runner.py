@@ -329,6 +329,11 @@ REGISTRY: dict[str, Benchmark] = {
             "20 zonnx FixNeuron functions on 1x64x56x56 in ORT vs the same chain of QuantizeLinear/DequantizeLinear",
         ),
         Benchmark(
+            "recovery",
+            "bench.bench_recovery:bench_recovery",
+            "MobileNetV2 dpu-b4096 power-of-two SQNR: plain MinMSE, ReLU6->ReLU, + CLE, + bias correction",
+        ),
+        Benchmark(
             "calibration",
             "bench.bench_calibration:bench_calibration",
             "ResNet-18 calibration (MinMax, Percentile) / float sweep and peak RSS 256 vs 32 samples: zonnx vs ORT",

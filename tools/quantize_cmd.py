@@ -78,6 +78,8 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
         rows.append(
             ("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed")
         )
+    for name, record in result.recovery.items():
+        rows.append((name.replace("_", " "), record.summary() if hasattr(record, "summary") else str(record)))
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -95,6 +97,61 @@ def _target_defaults(target: str | None) -> dict:
             out[key] = out[key].name.lower()
     out["extra_options"] = {k: v for k, v in out.get("extra_options", {}).items() if k != "Target"}
     return out
+
+
+def _budget_search(
+    model: Path,
+    output: Path,
+    reader: Any,
+    proto: Any,
+    preprocess: dict,
+    cfg: Any,
+    budget: float,
+    metric: str,
+    eval_data: str | None,
+    search_layers: int,
+    measure_layers: int,
+    strict: bool,
+) -> None:
+    """``--accuracy-budget``: search, print every candidate, write the model and its config file."""
+    from zonnx.quantization.search.run import quantize_with_budget, read_feeds
+
+    if reader is None:
+        raise OptionError("--accuracy-budget needs calibration data (--calib).")
+    eval_feeds = (
+        read_feeds(reader_from_source(eval_data, proto, preprocess=preprocess), "--eval")
+        if eval_data
+        else None
+    )
+    start = time.perf_counter()
+
+    def progress(name: str, cand: Any) -> None:
+        err_console.print(f"  {name}: {metric} {cand.score:.5f}, {cand.raised} layer(s) raised", markup=False)
+
+    final, result, config_path = quantize_with_budget(
+        str(model), output, reader, cfg, budget=budget, metric=metric, eval_feeds=eval_feeds,
+        max_layers=search_layers, measure_layers=measure_layers, progress=progress,
+    )  # fmt: skip
+    table = Table(
+        title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
+        f"points), {result.eval_samples} evaluation samples",
+        box=box.SIMPLE if console.is_terminal else box.ASCII,
+        title_justify="left",
+    )
+    for col in ("candidate", metric, f"layers {result.precision}", "NPU MACs", "chosen"):
+        table.add_column(col)
+    for row in result.table():
+        share = row["npu_mac_share"]
+        table.add_row(
+            row["candidate"], f"{row['score']:.5f}", str(row["not_int8"]),
+            "-" if share is None else f"{100 * share:.1f}%", "yes" if row["chosen"] else "",
+        )  # fmt: skip
+    console.print(table)
+    console.print(_summary(final, time.perf_counter() - start, output))
+    verdict = "met" if result.met else "NOT met (kept the best candidate)"
+    console.print(f"budget {verdict}; config of the choice: {config_path}", markup=False)
+    if strict and not result.met:
+        raise typer.Exit(1)
 
 
 def _generic_defaults(tdef: dict, fmt: str) -> dict[str, Any]:
@@ -168,15 +225,56 @@ def quantize(
     load_table: Path = typer.Option(
         None, "--load-table", help="Take ranges from a TPU-MLIR calibration table."
     ),
+    cle: bool = typer.Option(
+        None, "--cle/--no-cle", help="Cross-layer equalization before calibration (IncludeCLE)."
+    ),
+    cle_steps: int = typer.Option(None, "--cle-steps", help="Equalization steps with --cle (CLESteps, 1)."),
+    replace_relu6: bool = typer.Option(
+        None,
+        "--replace-relu6",
+        help="Replace Clip(0, 6) by Relu first (ReplaceClip6Relu; changes the model).",
+    ),
+    bias_correction: bool = typer.Option(
+        None, "--bias-correction/--no-bias-correction", help="Empirical bias correction (BiasCorrection)."
+    ),
     extra: list[str] = typer.Option(None, "--extra", help="extra_options KEY=VALUE (repeatable)."),
+    accuracy_budget: float = typer.Option(
+        None,
+        "--accuracy-budget",
+        help="Search the fewest layers to raise (int16 where the target has it, else float) so that --metric "
+        "stays within this many points of float.",
+    ),
+    metric: str = typer.Option(
+        "cosine",
+        "--metric",
+        help="cosine, top1, char-accuracy, sqnr or FILE.py:Class (with --accuracy-budget).",
+    ),
+    eval_data: str = typer.Option(
+        None, "--eval", help="Evaluation data for the budget search (default: every 4th calibration sample)."
+    ),
+    search_layers: int = typer.Option(48, "--search-layers", help="Most layers the budget search may raise."),
+    measure_layers: int = typer.Option(
+        0, "--measure-layers", help="Re-order the first N candidate layers by measured sensitivity (cached)."
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
+    search_outputs = (
+        {
+            "the search config": Path(f"{output}.search.toml"),
+            "the sensitivity cache": Path(f"{output}.sensitivity.json"),
+        }
+        if accuracy_budget is not None
+        else {}
+    )
     refuse_overwrites(
         {"MODEL": model, "--calib": _calib_file(calib), "--config": config, "--load-stats": load_stats,
-         "--load-table": load_table, "--target": target_file(target)},
+         "--load-table": load_table, "--target": target_file(target), "--eval": _calib_file(eval_data)},
         {"OUTPUT": output, "--save-stats": save_stats, "--export-table": export_table,
-         "the per-layer report": Path(f"{output}.report.json")},
+         "the per-layer report": Path(f"{output}.report.json"), **search_outputs},
     )  # fmt: skip
+    if accuracy_budget is None and (eval_data or metric != "cosine" or strict):
+        raise OptionError("--metric, --eval and --strict go with --accuracy-budget; add it or drop them.")
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
     tdef = _target_defaults(target or cfg_file.get("target"))
@@ -195,9 +293,13 @@ def quantize(
         ("LoadStats", load_stats),
         ("ExportCalibrationTable", export_table),
         ("LoadCalibrationTable", load_table),
+        ("IncludeCLE", cle),
+        ("CLESteps", cle_steps),
+        ("ReplaceClip6Relu", replace_relu6),
+        ("BiasCorrection", bias_correction),
     ):
         if value is not None:
-            extra_options[key] = str(value)
+            extra_options[key] = value if isinstance(value, bool | int) else str(value)
     excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
     cfg = build_config(
         quant_format=fmt,
@@ -239,6 +341,10 @@ def quantize(
         "layout": layout,
     }
     reader = reader_from_source(calib, proto, preprocess=preprocess, limit=limit) if calib else None
+    if accuracy_budget is not None:
+        _budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
+                       search_layers, measure_layers, strict)  # fmt: skip
+        return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()
     with Progress(

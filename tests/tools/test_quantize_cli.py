@@ -151,3 +151,17 @@ def test_bad_stats_and_table_locations_fail_before_calibrating(tmp_path: Path, w
     assert_one_line_error(proc, str(path), fragment)
     assert not out.exists() and not (tmp_path / "adir.npz").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile", "calib.npz"]
+
+
+def test_recovery_flags(calib: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rec.onnx"
+    proc = run_cli(
+        "quantize", str(zoo.get("digits_cnn")), str(out), "--calib", str(calib), "--target", "dpu-b4096",
+        "--cle", "--cle-steps", "2", "--bias-correction", check=True,
+    )  # fmt: skip
+    text = " ".join(proc.stdout.split())
+    assert "cross-layer equalization:" in text and "x 2 step(s)" in text
+    assert "bias correction:" in text and "output SQNR on those samples" in text
+    bad = run_cli("quantize", str(zoo.get("digits_cnn")), str(tmp_path / "x.onnx"), "--calib", str(calib),
+                  "--cle-steps", "2")  # fmt: skip
+    assert bad.returncode != 0 and "IncludeCLE=True" in bad.stderr

@@ -53,6 +53,8 @@ class QuantizeResult:
     report: Any = None
     refinement: Any = None  # Changes made by the target's refinement rules, when a target was given
     warnings: list[str] = dataclasses.field(default_factory=list)  # what the run said about lost accuracy
+    prepared: onnx.ModelProto | None = None  # the float model after the prep passes (the report's reference)
+    recovery: dict[str, Any] = dataclasses.field(default_factory=dict)  # records of CLE, bias correction
 
 
 def build_config(
@@ -337,12 +339,16 @@ def quantize_static(
             )
     if target is None:
         _warn_u8s8(cfg)
+    from zonnx.quantization.recovery import steps as recovery
+
+    recovery.check_recovery_options(cfg, calibration_data_reader is not None)
     model = to_ir(
         onnx.ModelProto.FromString(model_input.SerializeToString())
         if isinstance(model_input, onnx.ModelProto)
         else model_input
     )
     _prepare(model, cfg)
+    records = recovery.recover_float(model, cfg)
     _check_node_names(model, cfg)
     plan = annotate(model, _annotate_config(model, cfg))
     if not plan.tensors:
@@ -352,7 +358,8 @@ def quantize_static(
         )
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
-    reader = _KeepSpread(calibration_data_reader, cfg.extra.report_samples) if calibration_data_reader is not None else None
+    keep = max(cfg.extra.report_samples, recovery.KEPT_SAMPLES if cfg.extra.bias_correction else 0)
+    reader = _KeepSpread(calibration_data_reader, keep) if calibration_data_reader is not None else None
     calibrate_plan(
         float_model,
         plan,
@@ -369,24 +376,31 @@ def quantize_static(
         from zonnx.quantization.refine.pipeline import refine_model
 
         refinement = refine_model(model, target)
+    if cfg.extra.bias_correction:
+        feeds = recovery.samples_for(reader)
+        records.update(
+            recovery.recover_quantized(model, float_model, feeds, cfg, target, calibration_providers)
+        )
     proto = to_proto(model)
     if isinstance(model_input, str | Path):  # for `zonnx run --compare golden` on the compiled model
         kept = [p for p in proto.metadata_props if p.key != "zonnx.float_source"]
         del proto.metadata_props[:]
         proto.metadata_props.extend(kept)
         proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
-    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement)
-    if reader is not None and reader.kept:
+    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=records)
+    result.prepared = float_model
+    if reader is not None and reader.kept and cfg.extra.report_samples:
         from zonnx.quantization.collapse import similarity_warning
         from zonnx.quantization.report import layer_report
 
-        result.report = layer_report(float_model, proto, reader.kept, max_samples=len(reader.kept))
+        result.report = layer_report(float_model, proto, reader.kept, max_samples=cfg.extra.report_samples)
         warning = similarity_warning(
             result.report,
             float_model,
             cfg.extra.warn_below_cosine,
             target=target.name if target is not None else None,
             placement=cfg.extra.quant_placement,
+            int16=target is not None and "int16" in target.quant.activation_dtypes,
         )
         if warning:
             logger.warning("%s", warning)

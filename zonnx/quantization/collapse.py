@@ -4,8 +4,8 @@ Rule: when any model output's cosine against float (over the report's samples) i
 (``extra_options["WarnBelowCosine"]``, default 0.99), the run says so in one warning that names the
 output, the first tensors in the float model's topological order whose cosine is below the threshold
 (where the loss starts, not where it is largest), and what to try, limited to what this call can
-change: the "kernels" placement without a target, 16-bit activations or leaving the named nodes float
-(``--exclude``) with one, and ``zonnx compare`` for every tensor.
+change: the "kernels" placement without a target, 16-bit activations (when the target has them),
+leaving the named nodes float (``--exclude``), the accuracy-budget search, and ``zonnx compare``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def similarity_warning(
     *,
     target: str | None,
     placement: str,
+    int16: bool = False,
 ) -> str | None:
     """One warning line when an output's cosine is below ``threshold``; None when every output holds."""
     worst = min(report.outputs, key=lambda s: s.cosine, default=None)
@@ -43,8 +44,9 @@ def similarity_warning(
     fixes = []
     if target is None and placement != "kernels":
         fixes.append("quantize only what integer kernels read (extra_options QuantPlacement='kernels')")
-    if target is not None:
+    if target is not None and int16:
         fixes.append("16-bit activations for those nodes (--config with per-node activation_type int16)")
+    fixes.append("`zonnx quantize ... --accuracy-budget 1` to find the fewest layers to raise")
     if first:
         fixes.append(f"leave {', '.join(repr(s.node) for s in first if s.node)} float (--exclude)")
     fixes.append("`zonnx compare FLOAT QUANT --inputs X.npz` to see every tensor")

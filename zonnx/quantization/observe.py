@@ -75,6 +75,16 @@ def _pos(stats: TensorStats, tp: TensorPlan, name: str) -> int:
     return pof2.pos_overflow(lo, hi, qmin, qmax)
 
 
+def float_activations(model: onnx.ModelProto) -> list[str]:
+    """Every float tensor computed by a node or fed as a graph input (types from shape inference)."""
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    typed = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    names = [v.name for v in graph.input if v.name not in inits]
+    names += [o for node in graph.node if node.op_type != "Constant" for o in node.output if o]
+    return [n for n in dict.fromkeys(names) if typed.get(n) == onnx.TensorProto.FLOAT]
+
+
 def _fixed_stats(tp: TensorPlan) -> TensorStats:
     stats = TensorStats(tp.name)
     assert tp.fixed_range is not None
@@ -109,6 +119,8 @@ def calibrate_plan(
                 f"{missing[0]!r}; calibrate again (the plan changed since it was saved)."
             )
     elif wanted:
+        if cfg.extra.save_stats:  # saved statistics serve later plans too (other nodes excluded, 16-bit, ...)
+            wanted = wanted + [n for n in float_activations(float_model) if n not in set(wanted)]
         if reader is None:
             raise OptionError(
                 "calibration_data_reader is None: give calibration data (a CalibrationDataReader, "

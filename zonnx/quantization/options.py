@@ -67,6 +67,12 @@ class ExtraOptions:
     report_samples: int = 4
     # warn when a model output's cosine against float falls below this on those samples (collapse.py)
     warn_below_cosine: float = 0.99
+    # accuracy recovery (vai_q_onnx / Quark names)
+    include_cle: bool = False
+    cle_steps: int = 1
+    cle_scale_append_bias: bool = True
+    replace_clip6_relu: bool = False
+    bias_correction: bool = False
 
 
 #: extra_options key -> (field name, expected python type(s)).
@@ -109,7 +115,14 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "QuantPlacement": ("quant_placement", str),
     "ReportSamples": ("report_samples", int),
     "WarnBelowCosine": ("warn_below_cosine", (int, float)),
+    "IncludeCLE": ("include_cle", bool),
+    "CLESteps": ("cle_steps", int),
+    "CLEScaleAppendBias": ("cle_scale_append_bias", bool),
+    "ReplaceClip6Relu": ("replace_clip6_relu", bool),
+    "BiasCorrection": ("bias_correction", bool),
 }
+#: Keys that only tune cross-layer equalization: refused unless IncludeCLE is True.
+_CLE_KEYS = ("CLESteps", "CLEScaleAppendBias")
 
 #: ORT keys accepted for compatibility whose effect zonnx already has built in (value ignored, no warning).
 _ACCEPTED_NOOP = {
@@ -173,8 +186,21 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
     if not 0 < opts.calib_percentile <= 100:
         raise OptionError(f"extra_options['CalibPercentile'] = {opts.calib_percentile}: must be in (0, 100].")
     if opts.calib_histogram_sample is not None and opts.calib_histogram_sample < 1024:
-        raise OptionError(f"extra_options['CalibHistogramSample'] = {opts.calib_histogram_sample}: use at least "
-                          "1024, or None to count every value.")
+        raise OptionError(
+            f"extra_options['CalibHistogramSample'] = {opts.calib_histogram_sample}: use at least "
+            "1024, or None to count every value."
+        )
+    if opts.cle_steps < 1:
+        raise OptionError(
+            f"extra_options['CLESteps'] = {opts.cle_steps}: give a number of steps >= 1 (vai_q_onnx's -1, "
+            "adaptive steps, is not implemented)."
+        )
+    tuned = [k for k in _CLE_KEYS if k in (extra or {})]
+    if tuned and not opts.include_cle:
+        raise OptionError(
+            f"extra_options[{tuned[0]!r}] tunes cross-layer equalization, which is off; "
+            "add IncludeCLE=True (or remove the key)."
+        )
     if opts.quant_placement not in PLACEMENTS:
         raise OptionError(
             f"extra_options['QuantPlacement'] = {opts.quant_placement!r}: use one of {', '.join(PLACEMENTS)}."

@@ -5,12 +5,14 @@ metric of the float model against itself, e.g. 1.0 for cosine, top1 and char-acc
 
 1. Baseline: quantize as configured, saving statistics, with the per-layer report; score it on the
    evaluation samples. Within budget: done, nothing is raised.
-2. Sensitivity (``sensitivity.py``): the report's worst layers, each raised alone to the precision the
-   target offers (``int16`` when its activation types include it, else ``float``, which an NPU runs on
-   the CPU; ``float`` without a target).
-3. Greedy: raise layers in order of their own gain; a layer whose addition does not raise the score
-   is dropped again; stop at the first candidate within the threshold. That candidate has the fewest
-   layers not int8 this order finds; among equal counts the one with more MACs on the NPU wins.
+2. Order: compute layers by the quantization noise each adds (``rank_layers``, from the baseline's
+   per-layer report, no extra run), the first ``max_layers``; optionally the first ``measure_layers``
+   re-ordered by measured sensitivity (each raised alone, ``sensitivity.py``). A layer is raised to
+   the precision the target offers: ``int16`` when its activation types include it, else ``float``
+   (an NPU runs it on the CPU); ``float`` without a target.
+3. Binary search over k, raising the first k layers of that order: k = all first (if even that
+   misses, nothing in this order meets the budget), then halving, so about log2(max_layers) + 1
+   evaluations find the smallest k that meets the threshold (assuming more raised layers never hurt).
 4. Every candidate goes into the table; when none meets the budget the best one is kept (and said).
 
 The chosen overrides are written as a config file (the format ``--config`` reads), so the user can
@@ -81,25 +83,19 @@ def search_precision(target: str | None) -> str:
     return "int16" if "int16" in load_target(target).quant.activation_dtypes else "float"
 
 
-def _better(a: Candidate, b: Candidate) -> bool:
-    """a beats b: higher score; on equal scores fewer raised layers, then more MACs on the NPU."""
-    if a.score != b.score:
-        return a.score > b.score
-    if a.raised != b.raised:
-        return a.raised < b.raised
-    return (a.npu_mac_share or 0.0) > (b.npu_mac_share or 0.0)
-
-
 def search_budget(
     scorer: CandidateScorer,
     baseline_report: Any,
+    prepared: Any,
     quantized_nodes: Sequence[str],
     budget: float,
     *,
-    max_layers: int = 24,
+    max_layers: int = 48,
+    measure_layers: int = 0,
     cache: Path | None = None,
     executor: Executor | None = None,
     progress: Callable[[str, Candidate | None], None] | None = None,
+    calib_digest: str = "",
 ) -> BudgetResult:
     """Run steps 1-4 of the module docstring on a scorer built for the baseline configuration."""
     if not (math.isfinite(budget) and budget >= 0):
@@ -119,38 +115,54 @@ def search_budget(
     sensitivity: dict[str, Candidate] = {}
     best = baseline
     if baseline.score < threshold:
-        layers = rank_layers(baseline_report, quantized_nodes, max_layers)
-        sensitivity = layer_sensitivity(
-            scorer, layers, precision, cache, executor=executor, progress=progress
-        )
-        order = sorted(layers, key=lambda n: -(sensitivity[n].score - baseline.score))
-        current: dict[str, str] = {}
-        current_score = baseline.score
-        for layer in order:
-            if sensitivity[layer].score <= baseline.score:
-                break  # raising it alone did not help; neither will the rest
-            trial = scorer.score({**current, layer: precision})
-            candidates.append(trial)
+        ranked = rank_layers(baseline_report, prepared, quantized_nodes, len(quantized_nodes))
+        order = ranked[
+            : min(max_layers, len(ranked) - 1)
+        ]  # raising every layer would leave nothing quantized
+        if measure_layers:
+            measured = order[:measure_layers]
+            sensitivity = layer_sensitivity(
+                scorer,
+                measured,
+                precision,
+                cache,
+                executor=executor,
+                progress=progress,
+                calib_digest=calib_digest,
+            )
+            measured.sort(key=lambda n: -sensitivity[n].score)
+            order = measured + order[measure_layers:]
+
+        def trial(k: int) -> Candidate:
+            cand = scorer.score({n: precision for n in order[:k]})
+            candidates.append(cand)
             if progress:
-                progress(f"+{layer}", trial)
-            if trial.score > current_score:
-                current, current_score = dict(trial.overrides), trial.score
-                if _better(trial, best):
-                    best = trial
-            if current_score >= threshold:
-                break
-        met_first = [c for c in candidates if c.score >= threshold]
-        if met_first:
-            best = met_first[0]
+                progress(f"top {k} raised", cand)
+            return cand
+
+        # The most layers first: if raising all of them misses the budget, no prefix meets it.
+        low, high = 0, len(order)
+        top = trial(high) if order else baseline
+        best = top if top.score > baseline.score else baseline
+        if top.score >= threshold:
+            while high - low > 1:  # invariant: prefix `low` misses, prefix `high` meets
+                mid = (low + high) // 2
+                cand = trial(mid)
+                if cand.score >= threshold:
+                    high, best = mid, cand
+                else:
+                    low = mid
+            best = next(c for c in candidates if c.raised == high and c.score >= threshold)
     met = best.score >= threshold
     if not met:
         logger.warning(
-            "accuracy budget not met: best %s %.4f (%d layers raised) against the threshold %.4f (float %.4f - "
-            "%.2f points); kept the best candidate. Try more layers (--search-layers), another calibration "
-            "method, or a larger budget.",
+            "accuracy budget not met: best %s %.5f (%d layers raised to %s) against the threshold %.5f (float "
+            "%.5f - %.3g points); kept the best candidate. Try more layers (--search-layers), another "
+            "calibration method, or a larger budget.",
             scorer.metric_spec,
             best.score,
             best.raised,
+            precision,
             threshold,
             float_score,
             budget,

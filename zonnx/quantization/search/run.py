@@ -25,6 +25,7 @@ from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
 from zonnx.quantization.search.executor import Executor
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
+from zonnx.quantization.search.sensitivity import feeds_digest
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ def quantize_with_budget(
     budget: float,
     metric: str = "cosine",
     eval_feeds: Sequence[dict[str, np.ndarray]] | None = None,
-    max_layers: int = 24,
+    max_layers: int = 48,
+    measure_layers: int = 0,
     executor: Executor | None = None,
     progress: Callable[[str, Candidate | None], None] | None = None,
 ) -> tuple[Any, BudgetResult, Path]:
@@ -92,12 +94,15 @@ def quantize_with_budget(
         result = search_budget(
             scorer,
             baseline.report,
+            baseline.prepared,
             baseline.plan.quantized_nodes,
             budget,
             max_layers=max_layers,
+            measure_layers=measure_layers,
             cache=out.with_name(out.name + ".sensitivity.json"),
             executor=executor,
             progress=progress,
+            calib_digest=feeds_digest(calib),
         )
     final_cfg = dataclasses.replace(
         config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}

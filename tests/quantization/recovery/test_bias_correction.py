@@ -1,0 +1,100 @@
+"""Bias correction: per-channel output error removed on QDQ, FixNeuron, VitisQDQ and dpu-b4096 models,
+target rules kept, options refused when it cannot run. (MobileNetV2 figures: bench/bench_recovery.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import zonnx
+from tests.helpers import parse
+from zonnx.build_npu import target_quantize_kwargs
+from zonnx.errors import OptionError
+from zonnx.ir.io import to_ir
+from zonnx.quantization.calibration.readers import ListReader
+from zonnx.quantization.enums import PowerOfTwoMethod, QuantFormat, VitisQuantFormat
+from zonnx.quantization.recovery.bias_correction import correct_biases
+from zonnx.quantization.recovery.channel_means import ChannelProbe
+from zonnx.quantization.refine.pipeline import refine_model
+
+RNG = np.random.default_rng(3)
+
+
+def small_cnn() -> onnx.ModelProto:
+    """Conv -> Relu -> Conv with coarse int8 weights (few levels per channel: a visible mean error)."""
+    w1 = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    w1[:, :, 0, 0] *= 8.0  # one large tap per filter: the other taps round coarsely
+    model = parse(
+        """<ir_version: 8, opset_import: ["" : 13]>
+        g (float[1,3,16,16] x) => (float[1,4,16,16] y) {
+          a = Conv <pads=[1,1,1,1]> (x, w1, b1)
+          r = Relu(a)
+          y = Conv <pads=[1,1,1,1]> (r, w2, b2)
+        }""",
+        ("w1", w1),
+        ("b1", (RNG.standard_normal(8) * 0.1).astype(np.float32)),
+        ("w2", RNG.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.2),
+        ("b2", (RNG.standard_normal(4) * 0.1).astype(np.float32)),
+    )
+    for i, node in enumerate(model.graph.node):  # the names quantize_static gives unnamed nodes
+        node.name = f"{node.op_type}_{i}"
+    return model
+
+
+def _feeds(n: int) -> list[dict[str, np.ndarray]]:
+    return [{"x": (RNG.standard_normal((1, 3, 16, 16)) + 0.5).astype(np.float32)} for _ in range(n)]
+
+
+def _mean_error(float_model: onnx.ModelProto, quant: onnx.ModelProto, feeds: list) -> float:
+    """Largest |per-channel mean of (float - quantized)| over the two Conv outputs."""
+    f, _ = ChannelProbe(float_model, {"a": 4, "y": 4}).run(feeds)
+    q_names = {n.name: n.output[0] for n in quant.graph.node if n.op_type == "Conv"}
+    f_names = {n.name: n.output[0] for n in float_model.graph.node if n.op_type == "Conv"}
+    q, _ = ChannelProbe(quant, {q_names[k]: 4 for k in q_names}).run(feeds)
+    return max(
+        float(np.abs(f[f_names[k]].mean(0) - q[q_names[k]].mean(0)).max()) for k in q_names if k in f_names
+    )
+
+
+FORMATS = {
+    "qdq": dict(quant_format=QuantFormat.QDQ, extra_options={"ActivationSymmetric": True}),
+    "fixneuron": dict(quant_format=VitisQuantFormat.FixNeuron, calibrate_method=PowerOfTwoMethod.MinMSE),
+    "vitisqdq": dict(quant_format=VitisQuantFormat.QDQ, calibrate_method=PowerOfTwoMethod.MinMSE),
+    "dpu-b4096": target_quantize_kwargs("dpu-b4096"),
+}
+
+
+@pytest.mark.parametrize("form", list(FORMATS))
+def test_bias_correction_removes_channel_mean_error(form: str) -> None:
+    model, feeds = small_cnn(), _feeds(6)
+    base = {k: (dict(v) if isinstance(v, dict) else v) for k, v in FORMATS[form].items()}
+    extra = dict(base.pop("extra_options", {}))
+    plain = zonnx.quantize_static(model, None, ListReader(feeds), extra_options=extra, **base)
+    fixed = zonnx.quantize_static(
+        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": True}, **base
+    )
+    record = fixed.recovery["bias_correction"]
+    assert record.layers == 2 and record.samples == 6 and record.runs == 4  # float, before, level 2, after
+    before, after = _mean_error(model, plain.model, feeds), _mean_error(model, fixed.model, feeds)
+    assert after < 0.5 * before, (before, after)
+    assert record.sqnr_after > record.sqnr_before
+    if form == "dpu-b4096":  # the corrected model still meets every rule of the target
+        assert refine_model(to_ir(fixed.model), "dpu-b4096").total == 0
+
+
+def test_all_at_once_is_measured_too() -> None:
+    model, feeds = small_cnn(), _feeds(4)
+    q = zonnx.quantize_static(model, None, ListReader(feeds)).model
+    record = correct_biases(to_ir(q), model, feeds, sequential=False)
+    assert record.runs == 3 and not record.sequential and record.layers == 2
+
+
+def test_refusals() -> None:
+    model, feeds = small_cnn(), _feeds(2)
+    with pytest.raises(OptionError, match="QOperator"):
+        zonnx.quantize_static(
+            model, None, ListReader(feeds), QuantFormat.QOperator, extra_options={"BiasCorrection": True}
+        )
+    with pytest.raises(OptionError, match="calibration samples"):
+        zonnx.quantize_static(model, None, None, extra_options={"BiasCorrection": True})

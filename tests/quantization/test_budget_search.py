@@ -1,0 +1,141 @@
+"""Accuracy-budget search on a real trained model: the fewest raised layers within budget, a config to re-run."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import run_cli
+from zonnx import zoo
+from zonnx.errors import OptionError
+from zonnx.quantization.api import build_config
+from zonnx.quantization.search.budget import search_precision
+from zonnx.quantization.search.run import quantize_with_budget
+from zonnx.zoo.digits import digits_data
+
+
+@pytest.fixture(scope="module")
+def digits() -> Path:
+    return zoo.get("digits_cnn")
+
+
+def _feeds(n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
+    x, _ = digits_data("calib")
+    return [{"input": x[i : i + 1]} for i in range(start, start + n)]
+
+
+def _config():
+    return build_config(per_channel=True, extra_options={"QuantPlacement": "kernels"})
+
+
+def test_the_search_raises_the_fewest_layers_that_meet_the_budget(digits: Path, tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    final, result, config_path = quantize_with_budget(
+        digits, out, _feeds(32), _config(), budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100)
+    )
+    assert result.baseline.score < result.threshold <= result.chosen.score
+    assert result.met and result.chosen.raised >= 1 and result.precision == "float"
+    # binary search: the prefix one shorter than the choice was evaluated and missed (or is the baseline)
+    shorter = [c for c in result.candidates if c.raised == result.chosen.raised - 1] or [result.baseline]
+    assert shorter[0].score < result.threshold
+    text = config_path.read_text()
+    assert text.count("exclude = true") == result.chosen.raised
+    # the written model carries the choice: the raised nodes read no quantized weight
+    raised = set(result.chosen.overrides)
+    model = onnx.load(out)
+    for node in model.graph.node:
+        if node.name in raised:
+            assert not any(i.endswith("_DequantizeLinear_Output") and "weight" in i for i in node.input)
+    assert {r["candidate"] for r in result.table()} >= {"baseline", "#1"}
+
+
+def test_the_written_config_reproduces_the_choice_without_searching(digits: Path, tmp_path: Path) -> None:
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, input=np.concatenate([f["input"] for f in _feeds(32)]))
+    searched = tmp_path / "searched.onnx"
+    proc = run_cli(
+        "quantize", str(digits), str(searched), "--calib", str(calib), "--accuracy-budget", "0.002"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "held out 8 of the 32 calibration samples" in proc.stderr
+    assert "accuracy budget" in proc.stdout and "chosen" in proc.stdout
+    again = tmp_path / "again.onnx"
+    proc = run_cli(
+        "quantize", str(digits), str(again), "--calib", str(calib), "--config", f"{searched}.search.toml"
+    )
+    assert proc.returncode == 0, proc.stderr
+    a, b = onnx.load(searched), onnx.load(again)
+    assert [n.op_type for n in a.graph.node] == [n.op_type for n in b.graph.node]
+
+
+def test_a_budget_nothing_meets_keeps_the_best_and_strict_fails(digits: Path, tmp_path: Path, caplog) -> None:
+    with caplog.at_level(logging.WARNING):
+        _, result, _ = quantize_with_budget(
+            digits,
+            tmp_path / "q.onnx",
+            _feeds(16),
+            _config(),
+            budget=0.0,
+            metric="top1",
+            eval_feeds=_feeds(8, 50),
+        )
+    assert not result.met or result.chosen.score >= result.threshold
+    if not result.met:
+        assert "accuracy budget not met" in caplog.text
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, input=np.concatenate([f["input"] for f in _feeds(16)]))
+    proc = run_cli(
+        "quantize",
+        str(digits),
+        str(tmp_path / "s.onnx"),
+        "--calib",
+        str(calib),
+        "--accuracy-budget",
+        "0",
+        "--metric",
+        "cosine",
+        "--strict",
+    )
+    assert proc.returncode == 1 and "NOT met" in proc.stdout
+    assert (tmp_path / "s.onnx").is_file()  # the best model is still saved
+
+
+def test_measured_sensitivity_is_cached_and_reused(digits: Path, tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(8, 100), measure_layers=2)
+    _, first, _ = quantize_with_budget(digits, out, _feeds(16), _config(), **kwargs)
+    cache = tmp_path / "q.onnx.sensitivity.json"
+    data = json.loads(cache.read_text())
+    assert len(data["layers"]) == 2
+    layer = next(iter(data["layers"]))
+    data["layers"][layer]["score"] = 0.123456  # a value no evaluation gives: proves the cache is read
+    cache.write_text(json.dumps(data))
+    _, second, _ = quantize_with_budget(digits, out, _feeds(16), _config(), **kwargs)
+    assert second.sensitivity[layer].score == 0.123456
+    assert set(second.sensitivity) == set(first.sensitivity)
+
+
+def test_bad_search_input_is_one_clear_error(digits: Path, tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match="a number >= 0"):
+        quantize_with_budget(
+            digits, tmp_path / "q.onnx", _feeds(8), _config(), budget=-1, eval_feeds=_feeds(2)
+        )
+    with pytest.raises(OptionError, match="budget below float means nothing"):
+        quantize_with_budget(
+            digits, tmp_path / "q.onnx", _feeds(8), _config(), budget=1, metric="sqnr", eval_feeds=_feeds(2)
+        )
+    with pytest.raises(OptionError, match="needs at least 4"):
+        quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(3), _config(), budget=1)
+    proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--calib", "c.npz", "--metric", "top1")
+    assert proc.returncode == 2 and "go with --accuracy-budget" in proc.stderr
+
+
+def test_targets_offer_int16_where_their_file_says_so() -> None:
+    assert search_precision("zhouyi-x2") == "int16"
+    assert search_precision("dpu-b4096") == "float"
+    assert search_precision(None) == "float"

@@ -1,0 +1,1 @@
+"""Accuracy recovery for post-training quantization: cross-layer equalization and bias correction."""

@@ -1,0 +1,88 @@
+"""Where accuracy recovery runs in ``quantize_static``: float-model steps before annotation, bias correction
+after the target's refinement. Each step that runs adds its record to the returned dict and logs one line.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KEPT_SAMPLES", "check_recovery_options", "recover_float", "recover_quantized", "samples_for"]
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from zonnx.errors import OptionError
+from zonnx.quantization.config import QuantConfig
+from zonnx.quantization.enums import QuantFormat
+
+if TYPE_CHECKING:
+    from zonnx.backend.targets import Target
+
+logger = logging.getLogger(__name__)
+
+#: Calibration feeds kept for bias correction (copies of the first feeds; bounded memory).
+KEPT_SAMPLES = 8
+
+
+def check_recovery_options(cfg: QuantConfig, has_reader: bool) -> None:
+    """Refuse, before calibration, a bias correction that could not run."""
+    if not cfg.extra.bias_correction:
+        return
+    if cfg.quant_format == QuantFormat.QOperator:
+        raise OptionError(
+            "extra_options BiasCorrection works on QDQ, FixNeuron and VitisQDQ models; "
+            "use quant_format QDQ (QOperator is converted from it afterwards by `zonnx optimize`)."
+        )
+    if cfg.activation_type == "bfloat16":
+        raise OptionError("extra_options BiasCorrection: bfloat16 models have no quantized bias; remove it.")
+    if not has_reader:
+        raise OptionError(
+            "extra_options BiasCorrection needs calibration samples: give a calibration_data_reader "
+            "(zonnx quantize --calib), also when statistics are loaded."
+        )
+
+
+def recover_float(model: ir.Model, cfg: QuantConfig) -> dict[str, Any]:
+    """ReplaceClip6Relu then cross-layer equalization on the prepared float model, as the options ask."""
+    from zonnx.quantization.recovery.cle import equalize
+    from zonnx.quantization.recovery.relu6 import replace_clip6_relu
+
+    records: dict[str, Any] = {}
+    if cfg.extra.replace_clip6_relu:
+        records["replace_clip6_relu"] = replace_clip6_relu(model)
+    if cfg.extra.include_cle:
+        record = equalize(model, steps=cfg.extra.cle_steps, append_bias=cfg.extra.cle_scale_append_bias)
+        logger.info("%s", record.summary())
+        records["cle"] = record
+    return records
+
+
+def samples_for(reader: Any, n: int = KEPT_SAMPLES) -> list[dict[str, Any]]:
+    """The feeds ``reader`` kept (a reader with a ``kept`` list), topped up by reading on when
+    calibration did not read it (loaded statistics): at most ``n``."""
+    while len(reader.kept) < n and reader.get_next():
+        pass
+    return list(reader.kept[:n])
+
+
+def recover_quantized(
+    model: ir.Model,
+    float_model: onnx.ModelProto,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    cfg: QuantConfig,
+    target: Target | None,
+    providers: Sequence[str] | None,
+) -> dict[str, Any]:
+    """Bias correction of the written (and refined) quantized model, when ``BiasCorrection`` is set."""
+    if not cfg.extra.bias_correction:
+        return {}
+    from zonnx.quantization.recovery.bias_correction import correct_biases
+
+    record = correct_biases(
+        model, float_model, feeds, target=target, providers=providers or ("CPUExecutionProvider",)
+    )
+    logger.info("%s", record.summary())
+    return {"bias_correction": record}
