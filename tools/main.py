@@ -23,6 +23,7 @@ from zonnx.tools import (
     profile_cmd,
     quantize_cmd,
     run_cmd,
+    triage_cmd,
 )
 from zonnx.tools.console import err_console
 
@@ -43,6 +44,7 @@ app.command("convert")(convert_cmd.convert)
 app.command("run")(run_cmd.run)
 app.command("profile")(profile_cmd.profile)
 app.command("compare")(compare_cmd.compare)
+app.command("triage")(triage_cmd.triage)
 app.command("doctor")(doctor_cmd.doctor)
 
 

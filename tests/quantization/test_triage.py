@@ -1,0 +1,89 @@
+"""Triage on a real quantized model: bisection finds the quantizer that breaks the output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import zonnx
+from tests.helpers import run_cli
+from zonnx import zoo
+from zonnx.errors import OptionError
+from zonnx.quantization.calibration.readers import ListReader
+from zonnx.quantization.triage import bypass, find_sites, triage
+from zonnx.zoo.digits import digits_data
+
+
+@pytest.fixture(scope="module")
+def digits() -> Path:
+    return zoo.get("digits_cnn")
+
+
+def _feeds(n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
+    x, _ = digits_data("calib")
+    return [{"input": x[i : i + 1]} for i in range(start, start + n)]
+
+
+def _quantized(digits: Path) -> onnx.ModelProto:
+    return zonnx.quantize_static(digits, None, ListReader(_feeds(16)), per_channel=True).model
+
+
+def _break_site(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
+    """Scale one activation quantizer 300x too coarse: its tensor keeps a few levels only."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    q = next(n for n in out.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
+    scales = {t.name: t for t in out.graph.initializer}
+    for name in (q.input[1],):
+        arr = numpy_helper.to_array(scales[name]) * 300
+        scales[name].CopyFrom(numpy_helper.from_array(arr.astype(np.float32), name))
+    return out
+
+
+def test_bisection_names_a_broken_quantizer_first(digits: Path) -> None:
+    quant = _quantized(digits)
+    sites = find_sites(quant)
+    assert len(sites) >= 8 and [s.index for s in sites] == list(range(len(sites)))
+    victim = sites[len(sites) // 2].tensor
+    broken = _break_site(quant, victim)
+    result = triage(str(digits), broken, _feeds(8, 200), tolerance=0.999)
+    assert result.baseline < 0.999
+    assert result.first is not None and result.first.tensor == victim
+    assert result.recovered >= 0.999 and result.alone[victim] >= 0.999
+    assert result.runs <= 2 + 2 * len(sites).bit_length() + len(result.culprits) * 2
+
+
+def test_bypassing_every_site_leaves_no_reader_of_a_rounded_activation(digits: Path) -> None:
+    quant = _quantized(digits)
+    sites = find_sites(quant)
+    plain = bypass(quant, sites)
+    read = {i for n in plain.graph.node for i in n.input}
+    assert not read & {s.output for s in sites}
+    assert read >= {s.tensor for s in sites}
+
+
+def test_a_model_that_meets_the_tolerance_has_no_culprit(digits: Path) -> None:
+    result = triage(str(digits), _quantized(digits), _feeds(4, 300), tolerance=0.99)
+    assert result.culprits == [] and result.baseline >= 0.99 and result.runs == 1
+
+
+def test_the_cli_reports_the_first_divergent_tensor(digits: Path, tmp_path: Path) -> None:
+    quant = _quantized(digits)
+    victim = find_sites(quant)[3].tensor
+    onnx.save(_break_site(quant, victim), tmp_path / "broken.onnx")
+    data = tmp_path / "data.npz"
+    np.savez(data, input=np.concatenate([f["input"] for f in _feeds(8, 200)]))
+    proc = run_cli(
+        "triage", str(digits), str(tmp_path / "broken.onnx"), "--data", str(data), "--tolerance", "0.999"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"first divergent tensor: {victim}" in proc.stdout
+
+
+def test_a_float_model_has_nothing_to_triage(digits: Path) -> None:
+    with pytest.raises(OptionError, match="no activation quantizer"):
+        triage(str(digits), onnx.load(digits), _feeds(2))
