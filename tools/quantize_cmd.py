@@ -77,6 +77,17 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
         rows.append(
             ("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed")
         )
+    ft = result.recovery.get("fast_finetune")
+    if ft is not None:
+        before = sum(o.loss_before for o in ft.layers)
+        after = sum(o.loss_after if o.kept else o.loss_before for o in ft.layers)
+        rows.append(
+            (
+                "fast finetune",
+                f"{ft.algorithm}: {ft.tuned} layers on {ft.samples} samples, layer MSE {before:.4g} -> "
+                f"{after:.4g}, {ft.seconds:.1f} s",
+            )
+        )
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -104,6 +115,21 @@ def _calib_file(calib: str | None) -> Path | None:
         return Path(calib)
     head = calib.rsplit(":", 1)[0] if ":" in calib else ""
     return Path(head) if head and Path(head).is_file() else None
+
+
+def _fast_finetune_options(extra_options: dict[str, Any], algorithm: str | None, iters: int | None) -> None:
+    """Fold --fast-finetune/--fast-finetune-iters into extra_options (IncludeFastFT, FastFinetune)."""
+    if algorithm is None:
+        if iters is not None:
+            raise OptionError("--fast-finetune-iters needs --fast-finetune adaround or adaquant.")
+        return
+    if algorithm.lower() not in ("adaround", "adaquant"):
+        raise OptionError(f"--fast-finetune {algorithm!r}: use adaround or adaquant.")
+    ft = dict(extra_options.get("FastFinetune") or {})
+    ft["OptimAlgorithm"] = algorithm.lower()
+    if iters is not None:
+        ft["NumIterations"] = iters
+    extra_options.update(IncludeFastFT=True, FastFinetune=ft)
 
 
 def quantize(
@@ -151,6 +177,12 @@ def quantize(
         None, "--load-table", help="Take ranges from a TPU-MLIR calibration table."
     ),
     extra: list[str] = typer.Option(None, "--extra", help="extra_options KEY=VALUE (repeatable)."),
+    fast_finetune: str = typer.Option(
+        None, "--fast-finetune", help="Tune weights layer by layer after quantizing: adaround or adaquant."
+    ),
+    fast_finetune_iters: int = typer.Option(
+        None, "--fast-finetune-iters", help="Fast finetune steps per layer (default 1000)."
+    ),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
     refuse_overwrites(
@@ -172,6 +204,7 @@ def quantize(
     ):
         if value is not None:
             extra_options[key] = str(value)
+    _fast_finetune_options(extra_options, fast_finetune, fast_finetune_iters)
     excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
     cfg = build_config(
         quant_format=fmt or cfg_file.get("format", tdef.get("quant_format", "qdq")),

@@ -49,6 +49,8 @@ class QuantizeResult:
     output: Path | None = None
     report: Any = None
     refinement: Any = None  # Changes made by the target's refinement rules, when a target was given
+    #: Accuracy-recovery results by algorithm (e.g. "fast_finetune": FastFinetuneResult), when run.
+    recovery: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def build_config(
@@ -75,6 +77,11 @@ def build_config(
     if isinstance(fmt, VitisQuantFormat) and act not in ("int8", "int16", "int4"):
         raise OptionError(
             f"{fmt}: power-of-two formats are signed; use activation_type=QuantType.QInt8 (got {act})."
+        )
+    if extra.include_fast_ft and fmt == QuantFormat.QOperator:
+        raise OptionError(
+            "IncludeFastFT: fast finetune rewrites weights behind DequantizeLinear/FixNeuron nodes and "
+            "QOperator models have none; use quant_format QDQ (or a Vitis format)."
         )
     return QuantConfig(
         quant_format=fmt,
@@ -185,10 +192,15 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
     )
 
 
-class _KeepFirst:
-    """Delegates to a calibration reader and keeps copies of its first ``n`` feeds for the layer report."""
+#: Calibration feeds the per-layer report runs on.
+_REPORT_SAMPLES = 4
 
-    def __init__(self, reader: Any, n: int = 4) -> None:
+
+class _KeepFirst:
+    """Delegates to a calibration reader and keeps copies of its first ``n`` feeds (layer report, fast
+    finetune); ``fill`` reads more when calibration did not (saved statistics)."""
+
+    def __init__(self, reader: Any, n: int = _REPORT_SAMPLES) -> None:
         self._reader, self._n = reader, n
         self.kept: list[dict[str, Any]] = []
 
@@ -198,8 +210,26 @@ class _KeepFirst:
             self.kept.append({k: v.copy() if hasattr(v, "copy") else v for k, v in feed.items()})
         return feed
 
+    def fill(self) -> list[dict[str, Any]]:
+        """Read until ``n`` feeds are kept or the reader ends; the kept feeds."""
+        while len(self.kept) < self._n and self.get_next():
+            pass
+        return self.kept
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reader, name)
+
+
+def _fast_finetune(
+    float_model: onnx.ModelProto, model: ir.Model, plan: QuantPlan, reader: _KeepFirst, options: Any
+) -> Any:
+    """Run fast finetune on the written (and refined) model with the kept calibration feeds."""
+    from zonnx.quantization.recovery.fast_finetune import fast_finetune
+
+    ranges = {
+        name: (tp.params.qmin, tp.params.qmax) for name, tp in plan.tensors.items() if tp.params is not None
+    }
+    return fast_finetune(float_model, model, reader.fill(), options, ranges=ranges)
 
 
 def _check_output_path(model_input: Any, model_output: str | os.PathLike[str]) -> Path:
@@ -325,7 +355,14 @@ def quantize_static(
         )
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
-    reader = _KeepFirst(calibration_data_reader) if calibration_data_reader is not None else None
+    fast_ft = cfg.extra.fast_finetune if cfg.extra.include_fast_ft else None
+    if fast_ft is not None and calibration_data_reader is None:
+        raise OptionError(
+            "IncludeFastFT needs calibration samples: pass a calibration_data_reader (saved statistics "
+            "alone are not enough)."
+        )
+    keep = max(_REPORT_SAMPLES, fast_ft.data_size) if fast_ft is not None else _REPORT_SAMPLES
+    reader = _KeepFirst(calibration_data_reader, keep) if calibration_data_reader is not None else None
     calibrate_plan(
         float_model,
         plan,
@@ -342,17 +379,20 @@ def quantize_static(
         from zonnx.quantization.refine.pipeline import refine_model
 
         refinement = refine_model(model, target)
+    recovery: dict[str, Any] = {}
+    if fast_ft is not None:
+        recovery["fast_finetune"] = _fast_finetune(float_model, model, plan, reader, fast_ft)
     proto = to_proto(model)
     if isinstance(model_input, str | Path):  # for `zonnx run --compare golden` on the compiled model
         kept = [p for p in proto.metadata_props if p.key != "zonnx.float_source"]
         del proto.metadata_props[:]
         proto.metadata_props.extend(kept)
         proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
-    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement)
+    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=recovery)
     if reader is not None and reader.kept:
         from zonnx.quantization.report import layer_report
 
-        result.report = layer_report(float_model, proto, reader.kept)
+        result.report = layer_report(float_model, proto, reader.kept[:_REPORT_SAMPLES])
     if out is not None:
         save_model(proto, out, external_data=True if cfg.use_external_data_format else None)
         report_path = cfg.extra.report_path or f"{out}.report.json"

@@ -1,0 +1,1 @@
+"""Accuracy recovery after quantization: algorithms that adjust a quantized model to its float model."""
