@@ -31,8 +31,8 @@ class FastFinetuneOptions:
         optim_algorithm: ``OptimAlgorithm``, "adaround" (learned up/down rounding) or "adaquant"
             (weights learned continuously on the grid) (default "adaround").
         num_iterations: ``NumIterations``, optimizer steps per layer (1000).
-        learning_rate: ``LearningRate``, Adam step size; AdaRound's rounding variables and AdaQuant's
-            weights in units of one quantization step (0.1).
+        learning_rate: ``LearningRate``, Adam step size on AdaRound's rounding variables, and on
+            AdaQuant's weights in 1/100 of a quantization step (0.1).
         batch_size: ``BatchSize``, calibration samples per step (1).
         data_size: ``DataSize``, calibration samples kept and used at most (zonnx default 32; Vitis uses
             all): it bounds memory, as every layer's input and output are held for these samples.

@@ -208,3 +208,55 @@ def test_mobilenetv2_dpu_adaround_improves_held_out_sqnr() -> None:
     ref = _run(onnx.load(src), held_out)
     gain = _sqnr(ref, _run(tuned.model, held_out)) - _sqnr(ref, _run(base.model, held_out))
     assert gain > 0.05, gain
+
+
+def test_selective_update_keeps_weights_that_got_worse(conv_model: onnx.ModelProto) -> None:
+    calib = _feeds(8, 4)
+    base = zonnx.quantize_static(conv_model, None, ListReader(calib))
+    # AdaQuant with a huge step size wanders far from any good code; SelectiveUpdate refuses the result
+    ft = {"OptimAlgorithm": "adaquant", "NumIterations": 30, "LearningRate": 1000.0, "SelectiveUpdate": True}
+    tuned = zonnx.quantize_static(
+        conv_model, None, ListReader(calib), extra_options={"IncludeFastFT": True, "FastFinetune": ft}
+    )
+    layer = tuned.recovery["fast_finetune"].layers[0]
+    assert (
+        layer.loss_after > layer.loss_before and not layer.kept and tuned.recovery["fast_finetune"].tuned == 0
+    )
+    for name, arr in _inits(base.model).items():
+        assert np.array_equal(arr, _inits(tuned.model)[name]), name
+
+
+def test_max_seconds_leaves_later_layers_alone(conv_model: onnx.ModelProto, caplog) -> None:
+    calib = _feeds(4, 5)
+    base = zonnx.quantize_static(conv_model, None, ListReader(calib))
+    ft = {"MaxSeconds": 1e-9}
+    with caplog.at_level(logging.WARNING):
+        tuned = zonnx.quantize_static(
+            conv_model, None, ListReader(calib), extra_options={"IncludeFastFT": True, "FastFinetune": ft}
+        )
+    outcome = tuned.recovery["fast_finetune"]
+    assert outcome.layers == [] and "MaxSeconds" in outcome.skipped["Conv_0"]
+    assert any("1 of 1 layers were not tuned" in r.message for r in caplog.records)
+    for name, arr in _inits(base.model).items():
+        assert np.array_equal(arr, _inits(tuned.model)[name]), name
+
+
+def test_transformer_matmuls_qdq() -> None:
+    src = zoo.get("transformer")
+    calib, held_out = zoo.sample_inputs("transformer", 8), zoo.sample_inputs("transformer", 16, seed=9)
+    base = zonnx.quantize_static(src, None, ListReader(calib), activation_type="int8")
+    ft = {"NumIterations": 50, "BatchSize": 2}
+    tuned = zonnx.quantize_static(
+        src,
+        None,
+        ListReader(calib),
+        activation_type="int8",
+        extra_options={"IncludeFastFT": True, "FastFinetune": ft},
+    )
+    outcome = tuned.recovery["fast_finetune"]
+    assert [o.op_type for o in outcome.layers].count("MatMul") == 12 and outcome.tuned == 13
+    # attention's activation x activation MatMuls are left alone, with the reason
+    assert len(outcome.skipped) == 4
+    assert set(outcome.skipped.values()) == {"its second input is not a constant weight in the float model"}
+    ref = _run(onnx.load(src), held_out)
+    assert _sqnr(ref, _run(tuned.model, held_out)) > _sqnr(ref, _run(base.model, held_out)) + 0.5

@@ -23,6 +23,7 @@ from __future__ import annotations
 __all__ = ["SegmentRunner"]
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -50,8 +51,8 @@ def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
 class SegmentRunner:
     """Computes requested tensors of ``model`` on ``feeds``, running each node once (see module doc).
 
-    ``wanted``: every tensor that will be requested, so none is dropped before its request;
-    ``threads``: ORT intra-op threads.
+    ``wanted``: every tensor that will be requested, once per request (a tensor two layers read is
+    listed twice), so none is dropped before its last request; ``threads``: ORT intra-op threads.
     """
 
     def __init__(
@@ -87,7 +88,7 @@ class SegmentRunner:
             if not self._const[i]:
                 for x in reads:
                     self._last_read[x] = i
-        self._pending = set(wanted)
+        self._pending = Counter(wanted)
         self._done = -1  # index of the last non-constant node already run
         inputs = {v.name for v in graph.input} - set(self._inits)
         self._cache: dict[str, list[np.ndarray]] = {}
@@ -98,6 +99,11 @@ class SegmentRunner:
             self._cache[name] = [np.asarray(f[name]) for f in self._feeds]
         self._threads = threads
         self.segments = 0  # stretches run so far (one ORT session each)
+
+    @property
+    def held(self) -> list[str]:
+        """The tensors held now (graph inputs and outputs of stretches that later nodes still read)."""
+        return list(self._cache)
 
     def set_initializer(self, tensor: onnx.TensorProto) -> None:
         """Replace an initializer (by ``tensor.name``) for the stretches not run yet."""
@@ -116,7 +122,8 @@ class SegmentRunner:
                     raise KeyError(f"{name!r} is constant or was dropped (request it through `wanted`)")
             self._run_to(max(self._producer[n] for n in todo), set(names))
         out = {name: self._cache[name] for name in names}
-        self._pending.difference_update(names)
+        self._pending.subtract(set(names))
+        self._pending = +self._pending  # forget names with no request left
         self._drop()
         return out
 

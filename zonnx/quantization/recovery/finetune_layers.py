@@ -27,7 +27,7 @@ left alone with a reason.
 
 from __future__ import annotations
 
-__all__ = ["Grid", "StoredTensor", "Layer", "find_layers", "FUSED_TARGET_OPS"]
+__all__ = ["Grid", "StoredTensor", "Layer", "find_layers", "stored_tensor"]
 
 import dataclasses
 import logging
@@ -44,8 +44,6 @@ from zonnx.passes.fusion.matching import const_array, label
 
 logger = logging.getLogger(__name__)
 
-#: Activations right after a layer in the float model that the loss is taken after.
-FUSED_TARGET_OPS = ("Relu", "Clip")
 _DEFAULT = ("", "ai.onnx")
 _INT_RANGE = {
     ir.DataType.INT8: (-128, 127),
@@ -283,7 +281,7 @@ def _layer(node: ir.Node, fnode: ir.Node, ranges: Mapping[str, tuple[int, int]])
         return "the constant is MatMul's first input"
     fw = const_array(fnode.inputs[1])
     if fw is None:
-        return "the float model's weight is not a constant"
+        return "its second input is not a constant weight in the float model"
     if kind != "conv" and fw.ndim != 2:
         return f"{fw.ndim}-D weight"
     attrs = _op_attrs(node, fw)
