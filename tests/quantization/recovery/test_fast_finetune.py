@@ -188,13 +188,15 @@ def test_qoperator_is_refused_before_calibration(conv_model: onnx.ModelProto) ->
 
 
 def test_mobilenetv2_dpu_adaround_improves_held_out_sqnr() -> None:
+    """The random-weight MobileNetV2 overfits fast finetune easily (with 8 images or 20 steps the held-out
+    SQNR can fall while the calibration SQNR rises); 16 images and 50 steps gain about 0.15 dB."""
     src = zoo.get("mobilenetv2")
-    calib, held_out = zoo.sample_inputs("mobilenetv2", 8), zoo.sample_inputs("mobilenetv2", 8, seed=5)
+    calib, held_out = zoo.sample_inputs("mobilenetv2", 16), zoo.sample_inputs("mobilenetv2", 16, seed=5)
     kwargs = target_quantize_kwargs("dpu-b4096")
     extra = dict(kwargs.pop("extra_options"))
     assert extra == {"Target": "dpu-b4096"}
     base = zonnx.quantize_static(src, None, ListReader(calib), **kwargs, extra_options=extra)
-    ft = {"OptimAlgorithm": "adaround", "NumIterations": 20, "LearningRate": 0.02, "FixedSeed": 0}
+    ft = {"OptimAlgorithm": "adaround", "NumIterations": 50, "FixedSeed": 0}
     tuned = zonnx.quantize_static(
         src,
         None,
@@ -203,7 +205,7 @@ def test_mobilenetv2_dpu_adaround_improves_held_out_sqnr() -> None:
         extra_options={**extra, "IncludeFastFT": True, "FastFinetune": ft},
     )
     outcome = tuned.recovery["fast_finetune"]
-    assert outcome.tuned == 53 and not outcome.skipped  # 52 Conv + the classifier Gemm
+    assert outcome.tuned == 53 and not outcome.skipped and outcome.samples == 16  # 52 Conv + the classifier
     assert _fix_attrs(tuned.model) == _fix_attrs(base.model)  # power-of-two positions kept
     ref = _run(onnx.load(src), held_out)
     gain = _sqnr(ref, _run(tuned.model, held_out)) - _sqnr(ref, _run(base.model, held_out))

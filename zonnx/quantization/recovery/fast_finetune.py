@@ -131,9 +131,7 @@ def _bytes(data: LayerData) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _check_shapes(
-    layer: Layer, op: LayerOp, data: LayerData, weight: np.ndarray, bias: np.ndarray | None
-) -> str | None:
+def _check_shapes(op: LayerOp, data: LayerData, weight: np.ndarray, bias: np.ndarray | None) -> str | None:
     """Why the captured tensors do not fit the layer (None when they do)."""
     try:
         with torch.no_grad():
@@ -226,7 +224,7 @@ def fast_finetune(
             op = LayerOp(layer.kind, layer.attrs, layer.activation)
             current = layer.weight.codes()
             bias = layer.bias.values() if layer.bias is not None else None
-            problem = _check_shapes(layer, op, data, layer.weight.grid.values(current), bias)
+            problem = _check_shapes(op, data, layer.weight.grid.values(current), bias)
             if problem:
                 result.skipped[layer.name] = problem
                 logger.debug("fast finetune: %s left alone: %s", layer.name, problem)
