@@ -53,7 +53,7 @@ def held_out_sqnr(model: onnx.ModelProto, float_outputs: list[np.ndarray], feeds
         got = sess.run(None, feed)[0].astype(np.float64)
         signal += float(np.sum(ref**2))
         noise += float(np.sum((ref - got) ** 2))
-    return 10 * np.log10(signal / noise)
+    return float(10 * np.log10(signal / noise))
 
 
 def bench_fast_finetune(ctx: BenchContext) -> list[Measurement]:
