@@ -338,6 +338,11 @@ REGISTRY: dict[str, Benchmark] = {
             "bench.bench_calibration:bench_calibration",
             "ResNet-18 calibration (MinMax, Percentile) / float sweep and peak RSS 256 vs 32 samples: zonnx vs ORT",
         ),
+        Benchmark(
+            "fast_finetune",
+            "bench.bench_fast_finetune:bench_fast_finetune",
+            "ResNet-18 dpu-b4096 fast finetune (adaround, adaquant): wall time and held-out SQNR vs PTQ alone",
+        ),
     ]
 }
 

@@ -79,7 +79,20 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
             ("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed")
         )
     for name, record in result.recovery.items():
-        rows.append((name.replace("_", " "), record.summary() if hasattr(record, "summary") else str(record)))
+        if name == "fast_finetune":
+            before = sum(o.loss_before for o in record.layers)
+            after = sum(o.loss_after if o.kept else o.loss_before for o in record.layers)
+            rows.append(
+                (
+                    "fast finetune",
+                    f"{record.algorithm}: {record.tuned} layers on {record.samples} samples, layer MSE "
+                    f"{before:.4g} -> {after:.4g}, {record.seconds:.1f} s",
+                )
+            )
+        else:
+            rows.append(
+                (name.replace("_", " "), record.summary() if hasattr(record, "summary") else str(record))
+            )
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -171,6 +184,21 @@ def _calib_file(calib: str | None) -> Path | None:
     return Path(head) if head and Path(head).is_file() else None
 
 
+def _fast_finetune_options(extra_options: dict[str, Any], algorithm: str | None, iters: int | None) -> None:
+    """Fold --fast-finetune/--fast-finetune-iters into extra_options (IncludeFastFT, FastFinetune)."""
+    if algorithm is None:
+        if iters is not None:
+            raise OptionError("--fast-finetune-iters needs --fast-finetune adaround or adaquant.")
+        return
+    if algorithm.lower() not in ("adaround", "adaquant"):
+        raise OptionError(f"--fast-finetune {algorithm!r}: use adaround or adaquant.")
+    ft = dict(extra_options.get("FastFinetune") or {})
+    ft["OptimAlgorithm"] = algorithm.lower()
+    if iters is not None:
+        ft["NumIterations"] = iters
+    extra_options.update(IncludeFastFT=True, FastFinetune=ft)
+
+
 def quantize(
     model: Path = typer.Argument(..., help="Float .onnx model."),
     output: Path = typer.Argument(..., help="Quantized .onnx to write."),
@@ -257,6 +285,12 @@ def quantize(
         0, "--measure-layers", help="Re-order the first N candidate layers by measured sensitivity (cached)."
     ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
+    fast_finetune: str = typer.Option(
+        None, "--fast-finetune", help="Tune weights layer by layer after quantizing: adaround or adaquant."
+    ),
+    fast_finetune_iters: int = typer.Option(
+        None, "--fast-finetune-iters", help="Fast finetune steps per layer (default 1000)."
+    ),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
     search_outputs = (
@@ -300,6 +334,7 @@ def quantize(
     ):
         if value is not None:
             extra_options[key] = value if isinstance(value, bool | int) else str(value)
+    _fast_finetune_options(extra_options, fast_finetune, fast_finetune_iters)
     excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
     cfg = build_config(
         quant_format=fmt,

@@ -165,3 +165,33 @@ def test_recovery_flags(calib: Path, tmp_path: Path) -> None:
     bad = run_cli("quantize", str(zoo.get("digits_cnn")), str(tmp_path / "x.onnx"), "--calib", str(calib),
                   "--cle-steps", "2")  # fmt: skip
     assert bad.returncode != 0 and "IncludeCLE=True" in bad.stderr
+
+
+def test_fast_finetune_flags(calib: Path, tmp_path: Path) -> None:
+    model = str(zoo.get("digits_cnn"))
+    plain, tuned = tmp_path / "plain.onnx", tmp_path / "tuned.onnx"
+    run_cli("quantize", model, str(plain), "--calib", str(calib), "--target", "dpu-b4096", check=True)
+    proc = run_cli(
+        "quantize", model, str(tuned), "--calib", str(calib), "--target", "dpu-b4096",
+        "--fast-finetune", "adaround", "--fast-finetune-iters", "20", check=True,
+    )  # fmt: skip
+    row = next(line for line in proc.stdout.splitlines() if "fast finetune" in line)
+    assert "adaround: 6 layers on 8 samples" in row, row  # 5 Conv + 1 Gemm
+    weights = [
+        {
+            t.name: numpy_helper.to_array(t)
+            for t in onnx.load(p).graph.initializer
+            if t.dims and len(t.dims) > 1
+        }
+        for p in (plain, tuned)
+    ]
+    assert weights[0].keys() == weights[1].keys()
+    assert any(not np.array_equal(weights[0][k], weights[1][k]) for k in weights[0])
+    proc = run_cli(
+        "quantize", model, str(tmp_path / "o.onnx"), "--calib", str(calib), "--fast-finetune-iters", "5"
+    )
+    assert_one_line_error(proc, "--fast-finetune-iters needs --fast-finetune")
+    proc = run_cli(
+        "quantize", model, str(tmp_path / "o.onnx"), "--calib", str(calib), "--fast-finetune", "adaroud"
+    )
+    assert_one_line_error(proc, "--fast-finetune 'adaroud'")

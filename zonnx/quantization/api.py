@@ -54,7 +54,8 @@ class QuantizeResult:
     refinement: Any = None  # Changes made by the target's refinement rules, when a target was given
     warnings: list[str] = dataclasses.field(default_factory=list)  # what the run said about lost accuracy
     prepared: onnx.ModelProto | None = None  # the float model after the prep passes (the report's reference)
-    recovery: dict[str, Any] = dataclasses.field(default_factory=dict)  # records of CLE, bias correction
+    #: Accuracy-recovery records by algorithm (CLE, bias correction, fast finetune), when run.
+    recovery: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def build_config(
@@ -90,6 +91,11 @@ def build_config(
     if isinstance(fmt, VitisQuantFormat) and act not in ("int8", "int16", "int4"):
         raise OptionError(
             f"{fmt}: power-of-two formats are signed; use activation_type=QuantType.QInt8 (got {act})."
+        )
+    if extra.include_fast_ft and fmt == QuantFormat.QOperator:
+        raise OptionError(
+            "IncludeFastFT: fast finetune rewrites weights behind DequantizeLinear/FixNeuron nodes and "
+            "QOperator models have none; use quant_format QDQ (or a Vitis format)."
         )
     return QuantConfig(
         quant_format=fmt,
@@ -227,8 +233,26 @@ class _KeepSpread:
                     self.kept.append(copy)
         return feed
 
+    def fill(self) -> list[dict[str, Any]]:
+        """Read until ``n`` feeds are kept or the reader ends; the kept feeds."""
+        while len(self.kept) < self._n and self.get_next():
+            pass
+        return self.kept
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reader, name)
+
+
+def _fast_finetune(
+    float_model: onnx.ModelProto, model: ir.Model, plan: QuantPlan, reader: _KeepSpread, options: Any
+) -> Any:
+    """Run fast finetune on the written (and refined) model with the kept calibration feeds."""
+    from zonnx.quantization.recovery.fast_finetune import fast_finetune
+
+    ranges = {
+        name: (tp.params.qmin, tp.params.qmax) for name, tp in plan.tensors.items() if tp.params is not None
+    }
+    return fast_finetune(float_model, model, reader.fill(), options, ranges=ranges)
 
 
 def _check_output_path(model_input: Any, model_output: str | os.PathLike[str]) -> Path:
@@ -358,7 +382,17 @@ def quantize_static(
         )
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
-    keep = max(cfg.extra.report_samples, recovery.KEPT_SAMPLES if cfg.extra.bias_correction else 0)
+    fast_ft = cfg.extra.fast_finetune if cfg.extra.include_fast_ft else None
+    if fast_ft is not None and calibration_data_reader is None:
+        raise OptionError(
+            "IncludeFastFT needs calibration samples: pass a calibration_data_reader (saved statistics "
+            "alone are not enough)."
+        )
+    keep = max(
+        cfg.extra.report_samples,
+        recovery.KEPT_SAMPLES if cfg.extra.bias_correction else 0,
+        fast_ft.data_size if fast_ft is not None else 0,
+    )
     reader = _KeepSpread(calibration_data_reader, keep) if calibration_data_reader is not None else None
     calibrate_plan(
         float_model,
@@ -376,6 +410,8 @@ def quantize_static(
         from zonnx.quantization.refine.pipeline import refine_model
 
         refinement = refine_model(model, target)
+    if fast_ft is not None:
+        records["fast_finetune"] = _fast_finetune(float_model, model, plan, reader, fast_ft)
     if cfg.extra.bias_correction:
         feeds = recovery.samples_for(reader)
         records.update(

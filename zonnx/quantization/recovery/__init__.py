@@ -1,1 +1,1 @@
-"""Accuracy recovery for post-training quantization: cross-layer equalization and bias correction."""
+"""Accuracy recovery for post-training quantization: cross-layer equalization, bias correction, fast finetune."""
