@@ -111,6 +111,10 @@ def test_char_accuracy_of_quantized_rec(rec) -> None:
 
     edits = sum(edit_distance(g, r) for g, r in zip(got, ref, strict=True))
     assert strict == pytest.approx(1 - edits / sum(map(len, ref)))
+    stripped = evaluate(
+        rec["float"], rec["quant"], rec["feeds"], load_metric("char-accuracy-stripped", rec["float"])
+    )
+    assert stripped == metric.scores["stripped"]
     labelled = CharAccuracy(chars, labels=rec["labels"])
     against_labels = evaluate(rec["float"], rec["quant"], rec["feeds"], labelled)
     assert 0.0 <= against_labels <= labelled.scores["stripped"] <= 1.0

@@ -56,7 +56,12 @@ class CharAccuracy:
 
     higher_is_better = True
 
-    def __init__(self, characters: Sequence[str], labels: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, characters: Sequence[str], labels: Sequence[str] | None = None, *, score: str = "strict"
+    ) -> None:
+        if score not in ("strict", "stripped"):
+            raise MetricError(f"metric char-accuracy: score {score!r}: use 'strict' or 'stripped'.")
+        self.score = score
         if len(characters) < 2:
             raise MetricError("metric char-accuracy: the character list needs the blank and at least one.")
         self.characters = tuple(characters)
@@ -113,4 +118,4 @@ class CharAccuracy:
     def result(self) -> float:
         if not self.samples:
             raise MetricError("metric char-accuracy: no sample was given; feed at least one.")
-        return self.scores["strict"]
+        return self.scores[self.score]

@@ -35,13 +35,13 @@ logger = logging.getLogger(__name__)
 _ModelPath = str | os.PathLike[str] | None
 
 
-def _char_accuracy(model_path: _ModelPath) -> CharAccuracy:
+def _char_accuracy(model_path: _ModelPath, score: str = "strict") -> CharAccuracy:
     if model_path is None:
         from zonnx.zoo.text_images import rec_characters
 
         logger.info("char-accuracy: no model path given; using the PP-OCRv4 rec character list")
-        return CharAccuracy(rec_characters())
-    return CharAccuracy(model_characters(model_path))
+        return CharAccuracy(rec_characters(), score=score)
+    return CharAccuracy(model_characters(model_path), score=score)
 
 
 #: Built-in metric name -> factory taking the float model's path (or None).
@@ -50,6 +50,8 @@ BUILTIN_METRICS: dict[str, Callable[[_ModelPath], Metric]] = {
     "sqnr": lambda _: Sqnr(),
     "top1": lambda _: Top1(),
     "char-accuracy": _char_accuracy,
+    # leading and trailing spaces ignored: a crop's margins read as a space are not a reading error
+    "char-accuracy-stripped": lambda path: _char_accuracy(path, "stripped"),
 }
 
 
