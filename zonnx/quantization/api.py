@@ -49,6 +49,7 @@ class QuantizeResult:
     output: Path | None = None
     report: Any = None
     refinement: Any = None  # Changes made by the target's refinement rules, when a target was given
+    recovery: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. "smooth_quant": what it did
 
 
 def build_config(
@@ -316,6 +317,13 @@ def quantize_static(
         else model_input
     )
     _prepare(model, cfg)
+    recovery: dict[str, Any] = {}
+    if cfg.extra.smooth_quant:
+        from zonnx.quantization.recovery.smooth_quant import smooth_quant_reader
+
+        calibration_data_reader, recovery["smooth_quant"] = smooth_quant_reader(
+            model, calibration_data_reader, cfg.extra, providers=calibration_providers
+        )
     _check_node_names(model, cfg)
     plan = annotate(model, _annotate_config(model, cfg))
     if not plan.tensors:
@@ -348,7 +356,7 @@ def quantize_static(
         del proto.metadata_props[:]
         proto.metadata_props.extend(kept)
         proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
-    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement)
+    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=recovery)
     if reader is not None and reader.kept:
         from zonnx.quantization.report import layer_report
 

@@ -60,6 +60,10 @@ class ExtraOptions:
     export_calibration_table: str | None = None
     load_calibration_table: str | None = None
     fix_round_mode: str | None = None
+    # SmoothQuant (ORT / neural-compressor names), run on the float model before annotation
+    smooth_quant: bool = False
+    smooth_quant_alpha: float = 0.5
+    smooth_quant_folding: bool = True
 
 
 #: extra_options key -> (field name, expected python type(s)).
@@ -99,6 +103,9 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "ExportCalibrationTable": ("export_calibration_table", (str, type(None))),
     "LoadCalibrationTable": ("load_calibration_table", (str, type(None))),
     "FixRoundMode": ("fix_round_mode", (str, type(None))),
+    "SmoothQuant": ("smooth_quant", bool),
+    "SmoothQuantAlpha": ("smooth_quant_alpha", (int, float)),
+    "SmoothQuantFolding": ("smooth_quant_folding", bool),
 }
 
 #: ORT keys accepted for compatibility whose effect zonnx already has built in (value ignored, no warning).
@@ -109,11 +116,7 @@ _ACCEPTED_NOOP = {
     "QDQDisableWeightAdjustForInt32Bias",
 }
 #: ORT keys zonnx does not implement.
-_UNSUPPORTED = {
-    "SmoothQuant": "SmoothQuant needs neural-compressor; zonnx does not implement it",
-    "SmoothQuantAlpha": "SmoothQuant is not implemented",
-    "SmoothQuantFolding": "SmoothQuant is not implemented",
-}
+_UNSUPPORTED: dict[str, str] = {}
 
 
 #: Largest histogram accepted for CalibNumBins (its memory is per calibrated tensor).
@@ -163,6 +166,16 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
     if opts.calib_histogram_sample is not None and opts.calib_histogram_sample < 1024:
         raise OptionError(f"extra_options['CalibHistogramSample'] = {opts.calib_histogram_sample}: use at least "
                           "1024, or None to count every value.")
+    given = sorted({"SmoothQuantAlpha", "SmoothQuantFolding"} & set(extra or {}))
+    if given and not opts.smooth_quant:
+        raise OptionError(
+            f"extra_options[{given[0]!r}] has no effect without SmoothQuant; add SmoothQuant=True or remove it."
+        )
+    if not (math.isfinite(opts.smooth_quant_alpha) and 0 <= opts.smooth_quant_alpha <= 1):
+        raise OptionError(
+            f"extra_options['SmoothQuantAlpha'] = {opts.smooth_quant_alpha}: must be in [0, 1] (the share of "
+            "the activation range moved into the weights)."
+        )
     if not 0 < opts.calib_momentum < 1:
         raise OptionError(f"extra_options['CalibMomentum'] = {opts.calib_momentum}: must be in (0, 1).")
     return opts

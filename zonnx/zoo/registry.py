@@ -58,6 +58,13 @@ ZOO: dict[str, ZooEntry] = {
             "zonnx.zoo.torch_models:token_inputs",
         ),
         ZooEntry(
+            "bert_encoder",
+            "MiniLM-like BERT sentence encoder (6 x 384, 12 heads, attention mask, masked mean pooling), "
+            "80 masked-token training steps on synthetic bigram text (short: no trained-BERT outliers), opset 13",
+            "zonnx.zoo.bert:build_bert_encoder",
+            "zonnx.zoo.bert:bert_inputs",
+        ),
+        ZooEntry(
             "ppocr_det",
             "PP-OCRv4 text detection (rapidocr-onnxruntime wheel)",
             None,

@@ -1,0 +1,1 @@
+"""Accuracy recovery on the float model before quantization (SmoothQuant, cross-layer equalization)."""

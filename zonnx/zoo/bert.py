@@ -1,0 +1,306 @@
+"""A MiniLM-like BERT sentence encoder (6 x 384, 12 heads), briefly trained on synthetic text, opset 13.
+
+Layout as in HF ``BertModel``: word + position + token-type embeddings, LayerNorm; 6 post-LayerNorm
+layers of self-attention (Q, K, V, output projections) and a GELU FFN (384 -> 1536 -> 384); the
+attention mask turns into the additive bias ``(1 - mask) * -10000`` before Softmax; the output is the
+masked mean over the last hidden states, ``sum_t h_t m_t / max(sum_t m_t, 1e-9)`` (sentence-transformers'
+pooling).
+
+Weights: a fixed-seed init (HF's N(0, 0.02)) trained for a fixed number of masked-token (MLM) steps on a
+synthetic language: a seeded bigram chain over a Zipf vocabulary, where each token has a handful of
+likely successors, so context predicts the masked token. That teaches the model real structure (token
+frequencies, neighbour statistics) but nowhere near the outlier channels a fully trained BERT shows.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "VOCAB",
+    "SEQ_LEN",
+    "PAD",
+    "CLS",
+    "SEP",
+    "MASK",
+    "BertConfig",
+    "BertEncoder",
+    "SyntheticText",
+    "train_bert",
+    "bert_module",
+    "build_bert_encoder",
+    "bert_inputs",
+]
+
+import dataclasses
+import functools
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from zonnx.zoo.torch_models import export_legacy, torch_threads
+
+logger = logging.getLogger(__name__)
+
+VOCAB = 8192
+SEQ_LEN = 128
+PAD, CLS, SEP, MASK = 0, 1, 2, 3
+_FIRST_WORD = 4
+SEED = 0
+#: Training schedule (fixed, so the weights do not depend on the machine's speed).
+TRAIN_STEPS = 80
+TRAIN_BATCH = 24
+TRAIN_LEN = 48
+TRAIN_LR = 1e-3
+#: HF BERT's additive attention bias for padded keys.
+MASK_BIAS = -10000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Sizes of the encoder (MiniLM-L6-H384's, with a smaller vocabulary)."""
+
+    vocab: int = VOCAB
+    hidden: int = 384
+    layers: int = 6
+    heads: int = 12
+    ffn: int = 1536
+    max_positions: int = 512
+    type_vocab: int = 2
+    eps: float = 1e-12
+
+
+class BertSelfAttention(nn.Module):
+    """Q, K, V projections, scaled dot product plus the additive mask bias, Softmax, context, output proj."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.heads, self.head_dim = cfg.heads, cfg.hidden // cfg.heads
+        self.query = nn.Linear(cfg.hidden, cfg.hidden)
+        self.key = nn.Linear(cfg.hidden, cfg.hidden)
+        self.value = nn.Linear(cfg.hidden, cfg.hidden)
+        self.output = nn.Linear(cfg.hidden, cfg.hidden)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        n, s, _ = x.shape
+        return x.view(n, s, self.heads, self.head_dim).permute(0, 2, 1, 3)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim) + bias
+        ctx = torch.matmul(torch.softmax(scores, dim=-1), v).permute(0, 2, 1, 3)
+        return self.output(ctx.reshape(x.shape))
+
+
+class BertLayer(nn.Module):
+    """Post-LayerNorm layer: LN(x + Attn(x)), then LN(h + W2 GELU(W1 h))."""
+
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.attention = BertSelfAttention(cfg)
+        self.attention_norm = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
+        self.intermediate = nn.Linear(cfg.hidden, cfg.ffn)
+        self.act = nn.GELU()
+        self.output = nn.Linear(cfg.ffn, cfg.hidden)
+        self.output_norm = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        h = self.attention_norm(x + self.attention(x, bias))
+        return self.output_norm(h + self.output(self.act(self.intermediate(h))))
+
+
+class BertEncoder(nn.Module):
+    """Embeddings + encoder layers; ``forward`` returns the masked-mean sentence embedding [N, hidden]."""
+
+    def __init__(self, cfg: BertConfig = BertConfig()) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.word = nn.Embedding(cfg.vocab, cfg.hidden, padding_idx=PAD)
+        self.position = nn.Embedding(cfg.max_positions, cfg.hidden)
+        self.token_type = nn.Embedding(cfg.type_vocab, cfg.hidden)
+        self.embed_norm = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
+        self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.layers))
+        self.register_buffer("position_ids", torch.arange(cfg.max_positions).unsqueeze(0), persistent=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        """HF BERT's init: N(0, 0.02) weights, zero biases, LayerNorm gamma 1 beta 0, zero padding row."""
+        if isinstance(m, nn.Linear | nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+            elif m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Last hidden states [N, S, hidden]."""
+        s = input_ids.shape[1]
+        types = torch.zeros_like(input_ids)
+        x = self.word(input_ids) + self.position(self.position_ids[:, :s]) + self.token_type(types)
+        x = self.embed_norm(x)
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_BIAS
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.hidden_states(input_ids, attention_mask)
+        m = attention_mask.unsqueeze(-1).to(h.dtype)
+        return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+
+# ---------------------------------------------------------------- synthetic language
+
+
+class SyntheticText:
+    """A seeded bigram language: Zipf unigram over the words, each word with 8 likely successors.
+
+    A next word is one of the current word's successors with probability 0.8 (weights 1/rank), else a
+    fresh Zipf draw; sentences are ``[CLS] words [SEP]`` with lengths drawn from a log-normal like real
+    sentences (median ~24 tokens), padded with PAD and an attention mask of 1 on real tokens.
+    """
+
+    SUCCESSORS = 8
+
+    def __init__(self, seed: int = SEED, vocab: int = VOCAB) -> None:
+        rng = np.random.default_rng(seed)
+        words = vocab - _FIRST_WORD
+        ranks = np.arange(1, words + 1, dtype=np.float64)
+        self.unigram = ranks**-1.1 / np.sum(ranks**-1.1)
+        self.succ = rng.choice(words, size=(words, self.SUCCESSORS), p=self.unigram) + _FIRST_WORD
+        w = 1.0 / np.arange(1, self.SUCCESSORS + 1)
+        self.succ_p = np.cumsum(w / w.sum())
+
+    def _words(self, rng: np.random.Generator, n: int, length: int) -> np.ndarray:
+        out = np.empty((n, length), dtype=np.int64)
+        out[:, 0] = rng.choice(len(self.unigram), size=n, p=self.unigram) + _FIRST_WORD
+        for t in range(1, length):
+            follow = rng.random(n) < 0.8
+            pick = np.minimum(np.searchsorted(self.succ_p, rng.random(n)), self.SUCCESSORS - 1)
+            fresh = rng.choice(len(self.unigram), size=n, p=self.unigram) + _FIRST_WORD
+            out[:, t] = np.where(follow, self.succ[out[:, t - 1] - _FIRST_WORD, pick], fresh)
+        return out
+
+    def batch(
+        self, rng: np.random.Generator, n: int, seq_len: int, *, min_len: int = 6
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` padded sentences: ``(input_ids, attention_mask)``, both int64 [n, seq_len]."""
+        lengths = np.clip(np.round(rng.lognormal(np.log(24), 0.6, n)), min_len, seq_len).astype(int)
+        words = self._words(rng, n, seq_len - 2)
+        ids = np.full((n, seq_len), PAD, dtype=np.int64)
+        mask = np.zeros((n, seq_len), dtype=np.int64)
+        for i, length in enumerate(lengths):
+            ids[i, 0], ids[i, 1 : length - 1], ids[i, length - 1] = CLS, words[i, : length - 2], SEP
+            mask[i, :length] = 1
+        return ids, mask
+
+
+# ---------------------------------------------------------------- training
+
+
+def _mlm_batch(
+    text: SyntheticText, rng: np.random.Generator, n: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BERT's masking: 15% of real word tokens are targets; of those 80% MASK, 10% random, 10% kept."""
+    ids, mask = text.batch(rng, n, seq_len)
+    targets = np.full_like(ids, -100)
+    chosen = (rng.random(ids.shape) < 0.15) & (ids >= _FIRST_WORD)
+    targets[chosen] = ids[chosen]
+    roll = rng.random(ids.shape)
+    ids = ids.copy()
+    ids[chosen & (roll < 0.8)] = MASK
+    swap = chosen & (roll >= 0.8) & (roll < 0.9)
+    ids[swap] = rng.integers(_FIRST_WORD, text.succ.shape[0] + _FIRST_WORD, int(swap.sum()))
+    return torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(targets)
+
+
+def train_bert(seed: int = SEED, steps: int = TRAIN_STEPS) -> tuple[BertEncoder, list[float]]:
+    """Train the encoder with MLM (tied output embedding) for ``steps`` Adam steps; return it and the losses.
+
+    Deterministic for a seed (fixed step count, seeded data and init, one torch thread count).
+    """
+    torch.manual_seed(seed)
+    model = BertEncoder()
+    text = SyntheticText(seed)
+    rng = np.random.default_rng(seed + 1)
+    head_bias = nn.Parameter(torch.zeros(model.cfg.vocab))
+    head = nn.Sequential(
+        nn.Linear(model.cfg.hidden, model.cfg.hidden), nn.GELU(), nn.LayerNorm(model.cfg.hidden)
+    )
+    params = [*model.parameters(), *head.parameters(), head_bias]
+    opt = torch.optim.AdamW(params, lr=TRAIN_LR, weight_decay=0.01)
+    warm = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min((i + 1) / warm, max(0.0, (steps - i) / (steps - warm)))
+    )
+    losses = []
+    model.train()
+    for _ in range(steps):
+        ids, mask, targets = _mlm_batch(text, rng, TRAIN_BATCH, TRAIN_LEN)
+        h = model.hidden_states(ids, mask)
+        sel = targets >= 0
+        logits = head(h[sel]) @ model.word.weight.T + head_bias
+        loss = nn.functional.cross_entropy(logits, targets[sel])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    return model.eval(), losses
+
+
+@functools.cache
+def _trained(seed: int) -> tuple[BertEncoder, tuple[float, ...]]:
+    with torch_threads(2):
+        model, losses = train_bert(seed)
+    return model, tuple(losses)
+
+
+def bert_module(seed: int = SEED) -> BertEncoder:
+    """The trained encoder (trained once per process and seed, then reused)."""
+    return _trained(seed)[0]
+
+
+def build_bert_encoder(path: Path) -> None:
+    """Train and export the encoder to ``path``: inputs ``input_ids``, ``attention_mask`` int64 [N, S],
+    output ``embedding`` float [N, 384]; the metadata keeps the first and last MLM losses."""
+    start = time.perf_counter()
+    model, losses = _trained(SEED)
+    feed = bert_inputs(1, seed=123)[0]
+    first, last = float(np.mean(losses[:10])), float(np.mean(losses[-10:]))
+    with torch_threads():
+        export_legacy(
+            model,
+            (torch.from_numpy(feed["input_ids"]), torch.from_numpy(feed["attention_mask"])),
+            Path(path),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["embedding"],
+            dynamic_axes={
+                "input_ids": {0: "N", 1: "S"},
+                "attention_mask": {0: "N", 1: "S"},
+                "embedding": {0: "N"},
+            },
+            metadata={
+                "zonnx.zoo": "bert_encoder",
+                "zonnx.seed": str(SEED),
+                "zonnx.train_steps": str(len(losses)),
+                "zonnx.mlm_loss_first10": f"{first:.4f}",
+                "zonnx.mlm_loss_last10": f"{last:.4f}",
+            },
+        )
+    logger.info("built %s in %.1f s (MLM loss %.3f -> %.3f)", path, time.perf_counter() - start, first, last)
+
+
+def bert_inputs(n: int, seed: int = 0, seq_len: int = SEQ_LEN) -> list[dict[str, np.ndarray]]:
+    """``n`` feeds ``{"input_ids", "attention_mask"}`` (int64 1 x seq_len): held-out synthetic sentences of
+    varying length, padded with PAD, mask 1 on real tokens (a different stream from the training data)."""
+    text = SyntheticText(SEED)
+    rng = np.random.default_rng(10_000 + seed)
+    ids, mask = text.batch(rng, n, seq_len)
+    return [{"input_ids": ids[i : i + 1], "attention_mask": mask[i : i + 1]} for i in range(n)]
