@@ -25,6 +25,8 @@ __all__ = [
     "BertEncoder",
     "SyntheticText",
     "train_bert",
+    "topic_accuracy",
+    "topic_samples",
     "bert_module",
     "build_bert_encoder",
     "bert_inputs",
@@ -158,14 +160,18 @@ class BertEncoder(nn.Module):
 
 
 class SyntheticText:
-    """A seeded bigram language: Zipf unigram over the words, each word with 8 likely successors.
+    """A seeded topical bigram language over a Zipf vocabulary.
 
-    A next word is one of the current word's successors with probability 0.8 (weights 1/rank), else a
-    fresh Zipf draw; sentences are ``[CLS] words [SEP]`` with lengths drawn from a log-normal like real
-    sentences (median ~24 tokens), padded with PAD and an attention mask of 1 on real tokens.
+    Each of ``TOPICS`` topics owns 256 words (its own Zipf order). A next word follows the current
+    word's 8 likely successors with probability 0.5 (weights 1/rank), else is a fresh draw: a topic word
+    with probability 0.5, a word of the global Zipf unigram otherwise. A sentence has one topic, so its
+    bag of words tells the topic. Sentences are ``[CLS] words [SEP]`` with log-normal lengths (median
+    ~24 tokens, like real sentences), padded with PAD; the attention mask is 1 on real tokens.
     """
 
     SUCCESSORS = 8
+    TOPICS = 32
+    TOPIC_WORDS = 256
 
     def __init__(self, seed: int = SEED, vocab: int = VOCAB) -> None:
         rng = np.random.default_rng(seed)
@@ -175,29 +181,50 @@ class SyntheticText:
         self.succ = rng.choice(words, size=(words, self.SUCCESSORS), p=self.unigram) + _FIRST_WORD
         w = 1.0 / np.arange(1, self.SUCCESSORS + 1)
         self.succ_p = np.cumsum(w / w.sum())
+        self.topic_words = (
+            np.stack([rng.choice(words, self.TOPIC_WORDS, replace=False) for _ in range(self.TOPICS)])
+            + _FIRST_WORD
+        )
+        tr = np.arange(1, self.TOPIC_WORDS + 1, dtype=np.float64) ** -1.0
+        self.topic_p = tr / tr.sum()
 
-    def _words(self, rng: np.random.Generator, n: int, length: int) -> np.ndarray:
+    def _fresh(self, rng: np.random.Generator, topics: np.ndarray) -> np.ndarray:
+        n = len(topics)
+        common = rng.choice(len(self.unigram), size=n, p=self.unigram) + _FIRST_WORD
+        local = self.topic_words[topics, rng.choice(self.TOPIC_WORDS, size=n, p=self.topic_p)]
+        return np.where(rng.random(n) < 0.5, local, common)
+
+    def _words(self, rng: np.random.Generator, topics: np.ndarray, length: int) -> np.ndarray:
+        n = len(topics)
         out = np.empty((n, length), dtype=np.int64)
-        out[:, 0] = rng.choice(len(self.unigram), size=n, p=self.unigram) + _FIRST_WORD
+        out[:, 0] = self._fresh(rng, topics)
         for t in range(1, length):
-            follow = rng.random(n) < 0.8
+            follow = rng.random(n) < 0.5
             pick = np.minimum(np.searchsorted(self.succ_p, rng.random(n)), self.SUCCESSORS - 1)
-            fresh = rng.choice(len(self.unigram), size=n, p=self.unigram) + _FIRST_WORD
-            out[:, t] = np.where(follow, self.succ[out[:, t - 1] - _FIRST_WORD, pick], fresh)
+            out[:, t] = np.where(
+                follow, self.succ[out[:, t - 1] - _FIRST_WORD, pick], self._fresh(rng, topics)
+            )
         return out
 
     def batch(
-        self, rng: np.random.Generator, n: int, seq_len: int, *, min_len: int = 6
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` padded sentences: ``(input_ids, attention_mask)``, both int64 [n, seq_len]."""
+        self,
+        rng: np.random.Generator,
+        n: int,
+        seq_len: int,
+        *,
+        topics: np.ndarray | None = None,
+        min_len: int = 6,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``n`` padded sentences: ``(input_ids, attention_mask, topics)``; ids and mask int64 [n, seq_len]."""
+        topics = rng.integers(0, self.TOPICS, n) if topics is None else np.asarray(topics)
         lengths = np.clip(np.round(rng.lognormal(np.log(24), 0.6, n)), min_len, seq_len).astype(int)
-        words = self._words(rng, n, seq_len - 2)
+        words = self._words(rng, topics, seq_len - 2)
         ids = np.full((n, seq_len), PAD, dtype=np.int64)
         mask = np.zeros((n, seq_len), dtype=np.int64)
         for i, length in enumerate(lengths):
             ids[i, 0], ids[i, 1 : length - 1], ids[i, length - 1] = CLS, words[i, : length - 2], SEP
             mask[i, :length] = 1
-        return ids, mask
+        return ids, mask, topics
 
 
 # ---------------------------------------------------------------- training
@@ -206,8 +233,10 @@ class SyntheticText:
 def _mlm_batch(
     text: SyntheticText, rng: np.random.Generator, n: int, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """BERT's masking: 15% of real word tokens are targets; of those 80% MASK, 10% random, 10% kept."""
-    ids, mask = text.batch(rng, n, seq_len)
+    """``n`` sentences in same-topic pairs (rows 2i, 2i+1; n/2 distinct topics) with BERT's masking: 15% of
+    real word tokens are MLM targets; of those 80% become MASK, 10% a random word, 10% stay."""
+    topics = np.repeat(rng.choice(text.TOPICS, n // 2, replace=False), 2)
+    ids, mask, _ = text.batch(rng, n, seq_len, topics=topics)
     targets = np.full_like(ids, -100)
     chosen = (rng.random(ids.shape) < 0.15) & (ids >= _FIRST_WORD)
     targets[chosen] = ids[chosen]
@@ -219,10 +248,19 @@ def _mlm_batch(
     return torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(targets)
 
 
-def train_bert(seed: int = SEED, steps: int = TRAIN_STEPS) -> tuple[BertEncoder, list[float]]:
-    """Train the encoder with MLM (tied output embedding) for ``steps`` Adam steps; return it and the losses.
+def _contrastive(z: torch.Tensor, tau: float = 0.05) -> torch.Tensor:
+    """InfoNCE over the batch: row 2i's positive is row 2i+1 (same topic) and back; the others are negatives."""
+    z = nn.functional.normalize(z, dim=-1)
+    sim = z @ z.T / tau
+    sim = sim.masked_fill(torch.eye(len(z), dtype=torch.bool), float("-inf"))
+    return nn.functional.cross_entropy(sim, torch.arange(len(z)) ^ 1)
 
-    Deterministic for a seed (fixed step count, seeded data and init, one torch thread count).
+
+def train_bert(seed: int = SEED, steps: int = TRAIN_STEPS) -> tuple[BertEncoder, list[tuple[float, float]]]:
+    """Train the encoder for ``steps`` AdamW steps on MLM (tied output embedding) plus a same-topic
+    contrastive loss on the masked-mean embedding; return it and the (MLM, contrastive) losses per step.
+
+    Deterministic for a seed (fixed step count, seeded data and init, fixed torch thread count).
     """
     torch.manual_seed(seed)
     model = BertEncoder()
@@ -244,19 +282,35 @@ def train_bert(seed: int = SEED, steps: int = TRAIN_STEPS) -> tuple[BertEncoder,
         ids, mask, targets = _mlm_batch(text, rng, TRAIN_BATCH, TRAIN_LEN)
         h = model.hidden_states(ids, mask)
         sel = targets >= 0
-        logits = head(h[sel]) @ model.word.weight.T + head_bias
-        loss = nn.functional.cross_entropy(logits, targets[sel])
+        mlm = nn.functional.cross_entropy(head(h[sel]) @ model.word.weight.T + head_bias, targets[sel])
+        m = mask.unsqueeze(-1).to(h.dtype)
+        nce = _contrastive((h * m).sum(1) / m.sum(1).clamp(min=1e-9))
         opt.zero_grad()
-        loss.backward()
+        (mlm + nce).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss.detach()))
+        losses.append((float(mlm.detach()), float(nce.detach())))
     return model.eval(), losses
 
 
+def topic_accuracy(embeddings: np.ndarray, topics: np.ndarray) -> float:
+    """Share of sentences whose nearest other sentence (cosine) has the same topic."""
+    z = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    sim = z @ z.T
+    np.fill_diagonal(sim, -np.inf)
+    return float(np.mean(topics[sim.argmax(axis=1)] == topics))
+
+
+def topic_samples(n: int, seed: int = 0, seq_len: int = SEQ_LEN) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``n`` held-out sentences as one batch feed and their topics (the stream ``bert_inputs`` draws from)."""
+    rng = np.random.default_rng(10_000 + seed)
+    ids, mask, topics = SyntheticText(SEED).batch(rng, n, seq_len)
+    return {"input_ids": ids, "attention_mask": mask}, topics
+
+
 @functools.cache
-def _trained(seed: int) -> tuple[BertEncoder, tuple[float, ...]]:
+def _trained(seed: int) -> tuple[BertEncoder, tuple[tuple[float, float], ...]]:
     with torch_threads(2):
         model, losses = train_bert(seed)
     return model, tuple(losses)
@@ -273,7 +327,7 @@ def build_bert_encoder(path: Path) -> None:
     start = time.perf_counter()
     model, losses = _trained(SEED)
     feed = bert_inputs(1, seed=123)[0]
-    first, last = float(np.mean(losses[:10])), float(np.mean(losses[-10:]))
+    first, last = np.mean(losses[:10], axis=0), np.mean(losses[-10:], axis=0)
     with torch_threads():
         export_legacy(
             model,
@@ -290,17 +344,23 @@ def build_bert_encoder(path: Path) -> None:
                 "zonnx.zoo": "bert_encoder",
                 "zonnx.seed": str(SEED),
                 "zonnx.train_steps": str(len(losses)),
-                "zonnx.mlm_loss_first10": f"{first:.4f}",
-                "zonnx.mlm_loss_last10": f"{last:.4f}",
+                "zonnx.mlm_loss_first10": f"{first[0]:.4f}",
+                "zonnx.mlm_loss_last10": f"{last[0]:.4f}",
+                "zonnx.contrastive_loss_first10": f"{first[1]:.4f}",
+                "zonnx.contrastive_loss_last10": f"{last[1]:.4f}",
             },
         )
-    logger.info("built %s in %.1f s (MLM loss %.3f -> %.3f)", path, time.perf_counter() - start, first, last)
+    logger.info(
+        "built %s in %.1f s (MLM, contrastive loss %s -> %s)",
+        path,
+        time.perf_counter() - start,
+        np.round(first, 3),
+        np.round(last, 3),
+    )
 
 
 def bert_inputs(n: int, seed: int = 0, seq_len: int = SEQ_LEN) -> list[dict[str, np.ndarray]]:
     """``n`` feeds ``{"input_ids", "attention_mask"}`` (int64 1 x seq_len): held-out synthetic sentences of
     varying length, padded with PAD, mask 1 on real tokens (a different stream from the training data)."""
-    text = SyntheticText(SEED)
-    rng = np.random.default_rng(10_000 + seed)
-    ids, mask = text.batch(rng, n, seq_len)
-    return [{"input_ids": ids[i : i + 1], "attention_mask": mask[i : i + 1]} for i in range(n)]
+    batch, _ = topic_samples(n, seed, seq_len)
+    return [{k: v[i : i + 1] for k, v in batch.items()} for i in range(n)]

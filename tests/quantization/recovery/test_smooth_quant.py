@@ -122,6 +122,33 @@ def test_layernorm_fold_or_mul_keeps_float_outputs(folding):
         assert abs(gamma[5]) < 40.0 / 2
 
 
+def test_post_ln_residual_reader_gets_the_activation_back():
+    rng = np.random.default_rng(4)
+    gamma = (rng.random(C) + 0.5).astype(np.float32)
+    gamma[9] = 50.0
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 8, 64] x) => (float[2, 8, 32] y, float[2, 8, 64] r) {
+      ln = LayerNormalization <axis = -1> (x, gamma, beta)
+      y = MatMul(ln, W)
+      r = Add(ln, x)
+    }"""
+    proto = parse(
+        text,
+        ("gamma", gamma),
+        ("beta", np.zeros(C, np.float32)),
+        ("W", (rng.normal(size=(C, N)) * 0.1).astype(np.float32)),
+    )
+    feeds = _feeds(proto, 4, seed=5)
+    model = to_ir(onnx.ModelProto.FromString(proto.SerializeToString()))
+    res = smooth_quant(model, feeds[:2])
+    after = to_proto(model)
+    assert (res.smoothed, res.folded, res.compensated, res.inserted) == (1, 1, 1, 0)
+    mul = next(n for n in after.graph.node if n.op_type == "Mul")
+    add = next(n for n in after.graph.node if n.op_type == "Add")
+    assert mul.input[0] == "ln" and add.input[0] == mul.output[0]
+    _assert_same_outputs(proto, after, feeds[2:])
+
+
 def test_shared_scale_for_qkv_and_folds_into_gemm_and_affine():
     proto = _qkv_model()
     feeds = _feeds(proto, 5)

@@ -14,12 +14,12 @@ projections of one LayerNorm output share one s). s_j = 1 where either maximum i
 to [1e-5, 1e5]. Ops: MatMul with a constant 2-D B (channel = last axis of A), Gemm with transA=0
 (row j of B, or column j when transB=1), and 1x1 Conv with group 1 (channel axis 1, W[:, j]).
 
-Where 1/s goes. With folding, when every reader of X is smoothed with it, the producer of X absorbs
-it: LayerNormalization (Scale and B divided by s), a Mul or Div by a constant (the constant scaled),
+Where 1/s goes. With folding, the producer of X absorbs it: LayerNormalization (Scale and B divided by s), a Mul or Div by a constant (the constant scaled),
 an Add or Sub of a constant (the constant divided, then the same fold into its other input, which
 must be read only by it: a decomposed LayerNorm's ``Add(Mul(n, gamma), beta)``), or a MatMul, Gemm
 or Conv whose output channels are X's channels (those columns or filters, and the bias, divided).
-Otherwise an explicit ``Mul(X, 1/s)`` is inserted before the smoothed readers; the quantizer then
+Readers of X that are not smoothed (a post-LN residual Add) then read ``Mul(X', s)``, which gives
+them X back exactly; X' = X / s is what the smoothed readers (and the quantizer) see. Otherwise an explicit ``Mul(X, 1/s)`` is inserted before the smoothed readers; the quantizer then
 quantizes its output like any activation (it helps only when X itself is not quantized, e.g. with
 op_types_to_quantize=["MatMul"]).
 """
@@ -38,7 +38,7 @@ __all__ = [
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,7 @@ class SmoothQuantResult:
     smoothed: int = 0
     folded: int = 0
     inserted: int = 0
+    compensated: int = 0  # folds whose activation has other readers, given Mul(X', s) to read X again
     samples: int = 0
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # activation -> reason
     outlier_ratio: dict[str, float] = dataclasses.field(default_factory=dict)  # max_j / median_j of max|X_j|
@@ -209,12 +210,16 @@ def _weight_columns_edit(node: ir.Node, index: int, col_axis: int) -> Edit | str
     return edit
 
 
-def _fold_plan(value: ir.Value, axis: int, rank: int, readers: set[ir.Node]) -> list[Edit] | str:
-    """Edits that divide ``value``'s channels by s inside its producer, or why that is not possible."""
+def _fold_plan(
+    value: ir.Value, axis: int, rank: int, readers: set[ir.Node], top: bool = False
+) -> list[Edit] | str:
+    """Edits that divide ``value``'s channels by s inside its producer, or why that is not possible.
+
+    ``top``: other readers of ``value`` are allowed (the caller gives them ``Mul(value, s)``)."""
     if value.is_graph_output():
         return f"{value.name} is a graph output"
     for node in value.consumers():
-        if node not in readers:
+        if node not in readers and not top:
             return f"{value.name} is also read by {label(node)}"
     node = value.producer()
     if node is None:
@@ -259,21 +264,23 @@ def _fold_plan(value: ir.Value, axis: int, rank: int, readers: set[ir.Node]) -> 
     return f"producer {label(node)} ({op}) cannot absorb the scale"
 
 
-def _insert_mul(ctx: Context, g: SmoothGroup, s: np.ndarray) -> None:
-    """Insert ``Mul(X, 1/s)`` before the first smoothed reader and point the readers at it."""
+def _insert_mul(
+    ctx: Context, g: SmoothGroup, factor: np.ndarray, readers: Iterable[ir.Node], what: str
+) -> None:
+    """Insert ``Mul(X, factor)`` (factor on X's channel axis) before the first of ``readers`` and point
+    every input of theirs that reads X at its output."""
     graph = ctx.model.graph
     x = g.activation
+    readers = set(readers)
     shape = [1] * (-g.axis)
-    shape[0] = len(s)
-    inv = ctx.initializer(graph, f"{x.name}_smooth_inv", (1.0 / s).reshape(shape).astype(np.float32))
-    out = ir.Value(name=f"{x.name}_smoothed", type=x.type, shape=x.shape)
-    mul = ir.node("Mul", [x, inv], outputs=[out], name=f"{x.name}_SmoothMul")
-    readers = {n for n, _, _ in g.readers}
-    first = next(n for n in graph if n in readers)
-    graph.insert_before(first, mul)
+    shape[0] = len(factor)
+    const = ctx.initializer(graph, f"{x.name}_{what}", factor.reshape(shape).astype(np.float32))
+    out = ir.Value(name=f"{x.name}_{what}ed", type=x.type, shape=x.shape)
+    mul = ir.node("Mul", [x, const], outputs=[out], name=f"{x.name}_{what}_Mul")
+    graph.insert_before(next(n for n in graph if n in readers), mul)
     for node in readers:
         for i, v in enumerate(node.inputs):
-            if v is x and i == 0:
+            if v is x:
                 node.replace_input_with(i, out)
 
 
@@ -298,7 +305,7 @@ def apply_smoothing(
             continue
         s = smooth_scales(xm, w_max, alpha)
         readers = {n for n, _, _ in g.readers}
-        plan = _fold_plan(g.activation, g.axis, g.rank, readers) if folding else "folding is off"
+        plan = _fold_plan(g.activation, g.axis, g.rank, readers, top=True) if folding else "folding is off"
         plans.append((g, s, plan))
         med = float(np.median(xm))
         result.outlier_ratio[g.activation.name] = float(xm.max() / med) if med > 0 else float("inf")
@@ -308,13 +315,18 @@ def apply_smoothing(
             shape = [1] * w.ndim
             shape[row_axis] = len(s)
             _set_const(ctx, node, index, (w.astype(np.float64) * s.reshape(shape)).astype(w.dtype))
+        readers = {n for n, _, _ in g.readers}
         if isinstance(plan, str):
-            _insert_mul(ctx, g, s)
+            _insert_mul(ctx, g, 1.0 / s, readers, "smooth")
             result.inserted += 1
             logger.debug("SmoothQuant %s: Mul inserted (%s)", g.activation.name, plan)
         else:
+            others = [n for n in g.activation.consumers() if n not in readers]
             for edit in plan:
                 edit(ctx, s)
+            if others:  # the producer now makes X/s: its other readers get X back
+                _insert_mul(ctx, g, s, others, "unsmooth")
+                result.compensated += 1
             result.folded += 1
         result.smoothed += 1
 
@@ -364,11 +376,12 @@ def smooth_quant_reader(
     )
     reader = two.second()
     logger.info(
-        "SmoothQuant alpha %.2f: %d activations smoothed (%d scales folded into producers, %d Mul inserted), "
-        "%d skipped, statistics from %d samples (%s)",
+        "SmoothQuant alpha %.2f: %d activations smoothed (%d scales folded into producers, %d of them with "
+        "a Mul by s for other readers; %d Mul by 1/s inserted), %d skipped, statistics from %d samples (%s)",
         result.alpha,
         result.smoothed,
         result.folded,
+        result.compensated,
         result.inserted,
         len(result.skipped),
         result.samples,
