@@ -15,8 +15,10 @@ to [1e-5, 1e5]. Ops: MatMul with a constant 2-D B (channel = last axis of A), Ge
 (row j of B, or column j when transB=1), and 1x1 Conv with group 1 (channel axis 1, W[:, j]).
 
 Where 1/s goes. With folding, the producer of X absorbs it: LayerNormalization (Scale and B divided by s), a Mul or Div by a constant (the constant scaled),
-an Add or Sub of a constant (the constant divided, then the same fold into its other input, which
-must be read only by it: a decomposed LayerNorm's ``Add(Mul(n, gamma), beta)``), or a MatMul, Gemm
+an Add or Sub of a constant (the constant divided, then the same fold into its other input when that
+is read only by it, as in a decomposed LayerNorm's ``Add(Mul(n, gamma), beta)``, else that input
+multiplied by 1/s right there: the gamma of a decomposed LayerNorm whose gamma of ones was removed
+as a no-op), or a MatMul, Gemm
 or Conv whose output channels are X's channels (those columns or filters, and the bias, divided).
 Readers of X that are not smoothed (a post-LN residual Add) then read ``Mul(X', s)``, which gives
 them X back exactly; X' = X / s is what the smoothed readers (and the quantizer) see. Otherwise an explicit ``Mul(X, 1/s)`` is inserted before the smoothed readers; the quantizer then
@@ -210,6 +212,22 @@ def _weight_columns_edit(node: ir.Node, index: int, col_axis: int) -> Edit | str
     return edit
 
 
+def _input_mul_edit(node: ir.Node, index: int, axis: int) -> Edit:
+    """Make input ``index`` of ``node`` read ``Mul(input, 1/s)`` (s on the channel ``axis``)."""
+
+    def edit(ctx: Context, s: np.ndarray) -> None:
+        x = node.inputs[index]
+        assert node.graph is not None and x is not None
+        shape = [1] * (-axis)
+        shape[0] = len(s)
+        inv = ctx.initializer(node.graph, f"{x.name}_smooth_inv", (1.0 / s).reshape(shape).astype(np.float32))
+        out = ir.Value(name=f"{x.name}_smoothed", type=x.type, shape=x.shape)
+        node.graph.insert_before(node, ir.node("Mul", [x, inv], outputs=[out], name=f"{x.name}_smooth_Mul"))
+        node.replace_input_with(index, out)
+
+    return edit
+
+
 def _fold_plan(
     value: ir.Value, axis: int, rank: int, readers: set[ir.Node], top: bool = False
 ) -> list[Edit] | str:
@@ -244,7 +262,11 @@ def _fold_plan(
         if op in ("Mul", "Div"):
             return [edit]
         rest = _fold_plan(ins[1 - c], axis, rank, {node})
-        return rest if isinstance(rest, str) else [edit, *rest]
+        if isinstance(
+            rest, str
+        ):  # scale the other input here: a LayerNorm affine whose gamma of ones was removed
+            rest = [_input_mul_edit(node, 1 - c, axis)]
+        return [edit, *rest]
     if op in ("MatMul", "Gemm") and axis == -1 and 1 in consts and 0 not in consts:
         w = const_array(ins[1])
         if w.ndim != 2:
