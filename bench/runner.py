@@ -282,6 +282,11 @@ REGISTRY: dict[str, Benchmark] = {
     b.name: b
     for b in [
         Benchmark(
+            "smooth_quant",
+            "bench.bench_smooth_quant:bench_smooth_quant",
+            "SmoothQuant on the BERT zoo encoder: int8 embedding cosine with and without it",
+        ),
+        Benchmark(
             "zoo_ort",
             "bench.bench_zoo_ort:bench_zoo_ort",
             "ORT float throughput of the CNN zoo models, graph optimizations off vs ORT default",

@@ -71,6 +71,7 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
         ("opset", str(result.opset)),
         ("quantized", ", ".join(f"{v} {_PLURAL.get(k, k)}" for k, v in sorted(result.counts.items()))),
         ("nodes left float", str(len(result.plan.skipped))),
+        *_recovery_rows(result),
         ("time", f"{seconds:.2f} s"),
     ]
     if result.refinement is not None:
@@ -79,6 +80,8 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
             ("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed")
         )
     for name, record in result.recovery.items():
+        if name == "smooth_quant":
+            continue  # a row of its own (_recovery_rows)
         if name == "fast_finetune":
             before = sum(o.loss_before for o in record.layers)
             after = sum(o.loss_after if o.kept else o.loss_before for o in record.layers)
@@ -96,6 +99,19 @@ def _summary(result: Any, seconds: float, output: Path) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def _recovery_rows(result: Any) -> list[tuple[str, str]]:
+    sq = result.recovery.get("smooth_quant")
+    if not sq:
+        return []
+    return [
+        (
+            "smooth quant",
+            f"alpha {sq['alpha']:g}: {sq['smoothed']} activations ({sq['folded']} folded, "
+            f"{sq['inserted']} Mul inserted)",
+        )
+    ]
 
 
 def _target_defaults(target: str | None) -> dict:
@@ -265,6 +281,12 @@ def quantize(
     bias_correction: bool = typer.Option(
         None, "--bias-correction/--no-bias-correction", help="Empirical bias correction (BiasCorrection)."
     ),
+    smooth_quant: bool = typer.Option(
+        False, "--smooth-quant", help="SmoothQuant: move activation outliers into the weights first."
+    ),
+    smooth_quant_alpha: float = typer.Option(
+        None, "--smooth-quant-alpha", help="SmoothQuant migration strength in [0, 1] (default 0.5)."
+    ),
     extra: list[str] = typer.Option(None, "--extra", help="extra_options KEY=VALUE (repeatable)."),
     accuracy_budget: float = typer.Option(
         None,
@@ -335,6 +357,14 @@ def quantize(
         if value is not None:
             extra_options[key] = value if isinstance(value, bool | int) else str(value)
     _fast_finetune_options(extra_options, fast_finetune, fast_finetune_iters)
+    if smooth_quant_alpha is not None and not smooth_quant:
+        raise OptionError(
+            "--smooth-quant-alpha has no effect without --smooth-quant; add it or drop the alpha."
+        )
+    if smooth_quant:
+        extra_options["SmoothQuant"] = True
+        if smooth_quant_alpha is not None:
+            extra_options["SmoothQuantAlpha"] = float(smooth_quant_alpha)
     excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
     cfg = build_config(
         quant_format=fmt,

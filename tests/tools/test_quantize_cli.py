@@ -195,3 +195,14 @@ def test_fast_finetune_flags(calib: Path, tmp_path: Path) -> None:
         "quantize", model, str(tmp_path / "o.onnx"), "--calib", str(calib), "--fast-finetune", "adaroud"
     )
     assert_one_line_error(proc, "--fast-finetune 'adaroud'")
+
+
+def test_smooth_quant_flags(calib: Path, tmp_path: Path) -> None:
+    model = str(zoo.get("digits_cnn"))
+    proc = run_cli(
+        "quantize", model, str(tmp_path / "s.onnx"), "--calib", str(calib), "--smooth-quant",
+        "--smooth-quant-alpha", "0.6", check=True,
+    )  # fmt: skip
+    assert "smooth quant" in proc.stdout and "alpha 0.6: 2 activations (0 folded, 2 Mul inserted)" in proc.stdout
+    proc = run_cli("quantize", model, str(tmp_path / "t.onnx"), "--calib", str(calib), "--smooth-quant-alpha", "0.6")
+    assert_one_line_error(proc, "--smooth-quant-alpha has no effect without --smooth-quant")

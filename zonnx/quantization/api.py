@@ -373,6 +373,12 @@ def quantize_static(
     )
     _prepare(model, cfg)
     records = recovery.recover_float(model, cfg)
+    if cfg.extra.smooth_quant:
+        from zonnx.quantization.recovery.smooth_quant import smooth_quant_reader
+
+        calibration_data_reader, records["smooth_quant"] = smooth_quant_reader(
+            model, calibration_data_reader, cfg.extra, providers=calibration_providers
+        )
     _check_node_names(model, cfg)
     plan = annotate(model, _annotate_config(model, cfg))
     if not plan.tensors:

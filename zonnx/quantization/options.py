@@ -129,6 +129,10 @@ class ExtraOptions:
     bias_correction: bool = False
     include_fast_ft: bool = False
     fast_finetune: FastFinetuneOptions = dataclasses.field(default_factory=FastFinetuneOptions)
+    # SmoothQuant (ORT / neural-compressor names), run on the float model before annotation
+    smooth_quant: bool = False
+    smooth_quant_alpha: float = 0.5
+    smooth_quant_folding: bool = True
 
 
 #: extra_options key -> (field name, expected python type(s)).
@@ -178,6 +182,9 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "BiasCorrection": ("bias_correction", bool),
     "IncludeFastFT": ("include_fast_ft", bool),
     "FastFinetune": ("fast_finetune", dict),
+    "SmoothQuant": ("smooth_quant", bool),
+    "SmoothQuantAlpha": ("smooth_quant_alpha", (int, float)),
+    "SmoothQuantFolding": ("smooth_quant_folding", bool),
 }
 #: Keys that only tune cross-layer equalization: refused unless IncludeCLE is True.
 _CLE_KEYS = ("CLESteps", "CLEScaleAppendBias")
@@ -190,11 +197,7 @@ _ACCEPTED_NOOP = {
     "QDQDisableWeightAdjustForInt32Bias",
 }
 #: ORT keys zonnx does not implement.
-_UNSUPPORTED = {
-    "SmoothQuant": "SmoothQuant needs neural-compressor; zonnx does not implement it",
-    "SmoothQuantAlpha": "SmoothQuant is not implemented",
-    "SmoothQuantFolding": "SmoothQuant is not implemented",
-}
+_UNSUPPORTED: dict[str, str] = {}
 
 
 #: Largest histogram accepted for CalibNumBins (its memory is per calibrated tensor).
@@ -276,6 +279,16 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
         )
     if not 0 <= opts.warn_below_cosine <= 1:
         raise OptionError(f"extra_options['WarnBelowCosine'] = {opts.warn_below_cosine}: must be in [0, 1].")
+    given = sorted({"SmoothQuantAlpha", "SmoothQuantFolding"} & set(extra or {}))
+    if given and not opts.smooth_quant:
+        raise OptionError(
+            f"extra_options[{given[0]!r}] has no effect without SmoothQuant; add SmoothQuant=True or remove it."
+        )
+    if not (math.isfinite(opts.smooth_quant_alpha) and 0 <= opts.smooth_quant_alpha <= 1):
+        raise OptionError(
+            f"extra_options['SmoothQuantAlpha'] = {opts.smooth_quant_alpha}: must be in [0, 1] (the share of "
+            "the activation range moved into the weights)."
+        )
     if not 0 < opts.calib_momentum < 1:
         raise OptionError(f"extra_options['CalibMomentum'] = {opts.calib_momentum}: must be in (0, 1).")
     return opts

@@ -58,6 +58,13 @@ ZOO: dict[str, ZooEntry] = {
             "zonnx.zoo.torch_models:token_inputs",
         ),
         ZooEntry(
+            "bert_encoder-random",
+            "MiniLM-like BERT sentence encoder (6 x 384, 12 heads, attention mask, masked mean pooling), opset 13; "
+            "NOT trained: fixed-seed init with 4 LayerNorm outlier channels (beta +-3) as trained BERTs show",
+            "zonnx.zoo.bert:build_bert_encoder",
+            "zonnx.zoo.bert:bert_inputs",
+        ),
+        ZooEntry(
             "ppocr_det",
             "PP-OCRv4 text detection (rapidocr-onnxruntime wheel)",
             None,

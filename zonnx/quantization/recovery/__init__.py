@@ -1,1 +1,2 @@
-"""Accuracy recovery for post-training quantization: cross-layer equalization, bias correction, fast finetune."""
+"""Accuracy recovery for post-training quantization: SmoothQuant, cross-layer equalization, bias correction, fast
+finetune."""
