@@ -338,6 +338,12 @@ REGISTRY: dict[str, Benchmark] = {
             "bench.bench_calibration:bench_calibration",
             "ResNet-18 calibration (MinMax, Percentile) / float sweep and peak RSS 256 vs 32 samples: zonnx vs ORT",
         ),
+        Benchmark(
+            "accuracy_peers",
+            "bench.bench_accuracy_peers:bench_accuracy_peers",
+            "PP-OCRv4 rec char accuracy and transformer output cosine: zonnx vs NNCF (and AIMET-ONNX), each "
+            "peer in its own venv (bench/.peers-venv), same calibration and test data",
+        ),
     ]
 }
 
