@@ -41,12 +41,15 @@ import zonnx
 from bench.peer_venv import PEERS, PeerUnavailable, ensure_venv, run_peer, save_feeds
 from bench.runner import HIGHER, LOWER, BenchContext, Measurement
 from zonnx import zoo
+from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.zoo.text_images import char_accuracy, ctc_greedy_decode, rec_samples
 
 logger = logging.getLogger(__name__)
 
 Feed = dict[str, np.ndarray]
+#: "rec": PP-OCR rec character accuracy on rendered lines; "cosine": outputs against float's.
+METRICS = ("rec", "cosine")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +62,10 @@ class ModelCase:
     test: int
     quick_calib: int
     quick_test: int
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise OptionError(f"ModelCase {self.zoo_name!r}: metric {self.metric!r} is not one of {METRICS}.")
 
 
 # ---- The models compared: one line each. A new zoo model with sample inputs needs only a line here,
