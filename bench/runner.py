@@ -348,6 +348,12 @@ REGISTRY: dict[str, Benchmark] = {
             "bench.bench_fast_finetune:bench_fast_finetune",
             "ResNet-18 dpu-b4096 fast finetune (adaround, adaquant): wall time and held-out SQNR vs PTQ alone",
         ),
+        Benchmark(
+            "accuracy_peers",
+            "bench.bench_accuracy_peers:bench_accuracy_peers",
+            "PP-OCRv4 rec char accuracy and transformer output cosine: zonnx vs NNCF (and AIMET-ONNX), each "
+            "peer in its own venv (bench/.peers-venv), same calibration and test data",
+        ),
     ]
 }
 
