@@ -41,19 +41,11 @@ import onnx_ir as ir
 from zonnx.custom_ops import ZONNX_DOMAIN
 from zonnx.custom_ops.grid import qrange, round_reference
 from zonnx.passes.fusion.matching import const_array, label
+from zonnx.quantization.refine.positions import INT_RANGES
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT = ("", "ai.onnx")
-_INT_RANGE = {
-    ir.DataType.INT8: (-128, 127),
-    ir.DataType.UINT8: (0, 255),
-    ir.DataType.INT16: (-32768, 32767),
-    ir.DataType.UINT16: (0, 65535),
-    ir.DataType.INT32: (-(2**31), 2**31 - 1),
-    ir.DataType.INT4: (-8, 7),
-    ir.DataType.UINT4: (0, 15),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,12 +210,12 @@ def stored_tensor(
                 return f"the Q/DQ pair of {value.name!r} shares its tensors with other nodes"
             zp = src_node.inputs[2] if len(src_node.inputs) > 2 else None
             dtype = src.dtype or (zp.dtype if zp is not None else ir.DataType.UINT8)
-            lo, hi = ranges.get(key, _INT_RANGE.get(dtype, (-128, 127)))
+            lo, hi = ranges.get(key, INT_RANGES.get(dtype, (-128, 127)))
             grid = _qdq_grid(src_node, np.ndim(const_array(float_w)), lo, hi)
             return grid if isinstance(grid, str) else StoredTensor(float_w, False, grid)
         if not (src.is_initializer() and _only_reader(src, node)):
             return f"the codes of {value.name!r} are not an initializer read only by its dequantizer"
-        lo, hi = ranges.get(key, _INT_RANGE.get(src.dtype, (-128, 127)))
+        lo, hi = ranges.get(key, INT_RANGES.get(src.dtype, (-128, 127)))
         grid = _qdq_grid(node, np.ndim(const_array(src)), lo, hi)
         return grid if isinstance(grid, str) else StoredTensor(src, True, grid)
     return f"{value.name!r} comes from {label(node)} ({node.op_type}), not a weight quantizer"

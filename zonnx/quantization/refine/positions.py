@@ -23,7 +23,16 @@ or zero-point initializer shared with another site is never changed in place: th
 
 from __future__ import annotations
 
-__all__ = ["Quantizer", "Site", "QuantGraph", "pos_of_scale", "POS_RANGE", "REFINE_MARK", "is_refine_node"]
+__all__ = [
+    "Quantizer",
+    "Site",
+    "QuantGraph",
+    "pos_of_scale",
+    "POS_RANGE",
+    "INT_RANGES",
+    "REFINE_MARK",
+    "is_refine_node",
+]
 
 import dataclasses
 import logging
@@ -48,7 +57,8 @@ _Q = {
     (ZONNX_DOMAIN, "VitisQuantizeLinear"): "vitis_qdq",
 }
 _DQ = {"qdq": ("DequantizeLinear", ("", "ai.onnx")), "vitis_qdq": ("VitisDequantizeLinear", (ZONNX_DOMAIN,))}
-_INT_RANGES = {
+#: Code range of each integer element type.
+INT_RANGES = {
     ir.DataType.INT8: (-128, 127),
     ir.DataType.UINT8: (0, 255),
     ir.DataType.INT16: (-32768, 32767),
@@ -143,7 +153,7 @@ class Quantizer:
         dtype = ir.DataType.from_numpy(zp.dtype) if zp is not None else ir.DataType.UINT8
         if self.form == "dq":
             dtype = self.source.dtype or dtype
-        qmin, qmax = _INT_RANGES.get(dtype, (-128, 127))
+        qmin, qmax = INT_RANGES.get(dtype, (-128, 127))
         return float(scale.reshape(())), int(zp.reshape(())) if zp is not None else 0, qmin, qmax
 
 
