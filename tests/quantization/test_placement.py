@@ -199,3 +199,20 @@ def test_kernels_placement_keeps_ppocr_rec_accuracy() -> None:
         acc[placement] = accuracy(result.model)
     assert acc["kernels"] >= acc["ort"]
     assert acc["kernels"] >= float_acc - 0.005, (float_acc, acc)
+
+
+def test_a_masked_softmax_input_is_clipped_to_its_useful_span() -> None:
+    """The -10000 attention mask must not set the Softmax input's 8-bit grid (ORT placement)."""
+    feeds = _block_feeds(6)
+    result = zonnx.quantize_static(_encoder_block(), None, ListReader(feeds[:4]), per_channel=True)
+    scores = result.plan.tensors["sm"]
+    assert scores.softmax_span == 32.0
+    assert scores.rmin == pytest.approx(scores.rmax - 32.0)  # not -10000
+    assert result.plan.tensors["sm"].params.scale < 0.2
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    q = ort.InferenceSession(result.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    f = ort.InferenceSession(_encoder_block().SerializeToString(), so, providers=["CPUExecutionProvider"])
+    for feed in feeds[4:]:
+        a, b = f.run(None, feed)[0].ravel(), q.run(None, feed)[0].ravel()
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99

@@ -12,6 +12,7 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
 - "Latent" ops that only move or select values (Reshape, Transpose, MaxPool, Resize, Slice, ...):
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
   the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
+- Softmax inputs: the range reaches at most ``SOFTMAX_SPAN`` below the maximum (the attention mask).
 - A Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused: the
   intermediate tensor gets no quantization of its own (QDQKeepRemovableActivations turns that off).
 - Everything else stays float; the plan records why for each node.
@@ -66,6 +67,12 @@ QUANTIZABLE_OPS = frozenset(
 _REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
 _FUSES_ACTIVATION = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
 _UNIT_RANGE_OUTPUTS = {"Softmax", "Sigmoid"}
+#: How far below its maximum a Softmax input's quantization range reaches. Softmax depends only on
+#: differences from the row's maximum, and exp(-32) is 1e-14 of the top term, so values further down
+#: may be clipped for free. The attention-mask trap is the reason: "(1 - mask) * -10000" added to the
+#: scores makes a min/max range of [-10000, s_max], whose 8-bit step (about 40) rounds every real score
+#: to the same code; clipped at s_max - 32 the step is 0.125 and masked positions still get ~0 weight.
+SOFTMAX_SPAN = 32.0
 #: Inputs that are never quantized (shapes, indices, axes) by op type.
 _DATA_INPUTS = {
     "Reshape": (0,),
@@ -234,6 +241,8 @@ class _Annotator:
                         continue
                     else:
                         self._act(node, v)
+                        if op == "Softmax" and v is not None and v.name in self.plan.tensors:
+                            self.plan.tensors[v.name].softmax_span = SOFTMAX_SPAN
         self._output(node)
         self.plan.quantized_nodes.append(node.name)
 

@@ -75,6 +75,15 @@ def _pos(stats: TensorStats, tp: TensorPlan, name: str) -> int:
     return pof2.pos_overflow(lo, hi, qmin, qmax)
 
 
+def _span_pos(member_stats: list, span: float) -> int:
+    """The finest power-of-two position whose grid still holds [max - span, max] of a Softmax input."""
+    tp, stats = member_stats[0]
+    hi = max(s.max for _, s in member_stats)
+    lo = max(min(s.min for _, s in member_stats), hi - span)
+    qmin, qmax = tp.spec.qrange()
+    return pof2.pos_overflow(lo, hi, qmin, qmax)
+
+
 def float_activations(model: onnx.ModelProto) -> list[str]:
     """Every float tensor computed by a node or fed as a graph input (types from shape inference)."""
     graph = model.graph
@@ -156,12 +165,17 @@ def calibrate_plan(
             logger.warning("tensor %r: no calibration values seen; left float", group[0])
             continue
         spec = members[0].spec
+        span = min((tp.softmax_span for tp in members if tp.softmax_span), default=None)
         if spec.power_of_two:
             pos = min(_pos(s, tp, "minmax" if tp.fixed_range else name) for tp, s in member_stats)
+            if span is not None:
+                pos = max(pos, _span_pos(member_stats, span))
             params = pof2_params(pos, spec)
         else:
             ranges = [tp.fixed_range or _range(s, tp, cfg, name) for tp, s in member_stats]
             lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+            if span is not None and hi - lo > span:
+                lo = hi - span  # a Softmax input: what lies further down gets ~0 weight anyway
             params = params_from_range(lo, hi, spec)
             for tp in members:
                 tp.rmin, tp.rmax = lo, hi

@@ -26,7 +26,8 @@ class TensorPlan:
 
     ``bias_of`` names (input activation, weight) for a bias; ``fixed_range`` pins an activation's range
     (Softmax/Sigmoid outputs); ``consumers`` names the nodes whose input edge carries the quantizer
-    (None: every reader, graph outputs included); ``params`` is filled after calibration.
+    (None: every reader, graph outputs included); ``softmax_span`` caps how far below its maximum the
+    range of a Softmax input reaches (see ``annotate.SOFTMAX_SPAN``); ``params`` is filled after calibration.
     """
 
     name: str
@@ -38,6 +39,7 @@ class TensorPlan:
     rmin: float | None = None
     rmax: float | None = None
     consumers: frozenset[str] | None = None
+    softmax_span: float | None = None
 
 
 @dataclasses.dataclass
