@@ -40,6 +40,8 @@ class ExtraOptions:
     keep_removable_activations: bool = False
     use_qdq_contrib_ops: bool = False
     enable_subgraph: bool = False
+    # True keeps weight scales even when an int32 bias code overflows (schemes.fit_weight_to_bias)
+    disable_weight_adjust_for_int32_bias: bool = False
     # zonnx keys
     weight_calibrate_method: str = "minmax"
     calib_num_bins: int = 2048
@@ -120,6 +122,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "CLEScaleAppendBias": ("cle_scale_append_bias", bool),
     "ReplaceClip6Relu": ("replace_clip6_relu", bool),
     "BiasCorrection": ("bias_correction", bool),
+    "QDQDisableWeightAdjustForInt32Bias": ("disable_weight_adjust_for_int32_bias", bool),
 }
 #: Keys that only tune cross-layer equalization: refused unless IncludeCLE is True.
 _CLE_KEYS = ("CLESteps", "CLEScaleAppendBias")
@@ -129,7 +132,6 @@ _ACCEPTED_NOOP = {
     "extra.Sigmoid.nnapi",
     "CalibMaxIntermediateOutputs",
     "CalibStridedMinMax",
-    "QDQDisableWeightAdjustForInt32Bias",
 }
 #: ORT keys zonnx does not implement.
 _UNSUPPORTED = {
