@@ -376,3 +376,45 @@ def test_numeric_options_out_of_range_are_value_errors(
     with pytest.raises(ValueError, match=rf"{key}.*{re.escape(fragment)}"):
         zonnx.quantize_static(digits, tmp_path / "q.onnx", ListReader([]), extra_options={key: value})
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_dead_channel_bias_fits_int32(tmp_path: Path) -> None:
+    """A channel whose weights are ~0 (per-channel scale ~1e-30) keeps its bias: the weight scale is raised
+    so the int32 bias code fits (it saturated to a meaningless value before); QDQDisableWeightAdjustForInt32Bias
+    keeps the old scale."""
+    import warnings
+
+    from onnx import numpy_helper
+
+    from tests.helpers import parse
+
+    w = np.ones((2, 3, 1, 1), np.float32)
+    w[1] = 1e-30
+    model = parse(
+        '<ir_version: 8, opset_import: ["" : 13]>\n'
+        "g (float[1, 3, 4, 4] x) => (float[1, 2, 4, 4] y) {\n y = Conv (x, w, b)\n}",
+        ("w", w),
+        ("b", np.array([0.25, 0.5], np.float32)),
+    )
+    feeds = [{"x": np.random.default_rng(i).normal(size=(1, 3, 4, 4)).astype(np.float32)} for i in range(4)]
+
+    def bias_of(result) -> np.ndarray:
+        inits = {t.name: numpy_helper.to_array(t) for t in result.model.graph.initializer}
+        codes = next(v for k, v in inits.items() if v.dtype == np.int32)
+        scale = next(v for k, v in inits.items() if k.startswith("b") and "scale" in k)
+        return codes * scale
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fixed = zonnx.quantize_static(model, None, ListReader(feeds), per_channel=True)
+    np.testing.assert_allclose(bias_of(fixed), [0.25, 0.5], rtol=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        kept = zonnx.quantize_static(
+            model,
+            None,
+            ListReader(feeds),
+            per_channel=True,
+            extra_options={"QDQDisableWeightAdjustForInt32Bias": True},
+        )
+    assert abs(bias_of(kept)[1] - 0.5) > 0.1

@@ -22,6 +22,8 @@ PASSES: dict[str, str] = {
     "cse": "zonnx.passes.common.cse:CommonSubexpressionPass",
     "onnxslim": "zonnx.passes.common.onnxslim_pass:OnnxSlimPass",
     "fold-batchnorm": "zonnx.passes.fusion.batchnorm:FoldBatchNormPass",
+    "fold-conv-affine": "zonnx.passes.fusion.conv_affine:FoldConvAffinePass",
+    "fuse-hardswish": "zonnx.passes.fusion.hardswish:FuseHardSwishPass",
     "fuse-layernorm": "zonnx.passes.fusion.layernorm:FuseLayerNormPass",
     "fuse-gelu": "zonnx.passes.fusion.gelu:FuseGeluPass",
     "canonicalize-gemm": "zonnx.passes.fusion.gemm:CanonicalizeGemmPass",

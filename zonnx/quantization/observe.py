@@ -30,7 +30,14 @@ from zonnx.quantization.calibration.methods import compute_range, method_name
 from zonnx.quantization.calibration.stats import GridHistogram, TensorStats
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
-from zonnx.quantization.schemes import QuantParams, bias_params, params_from_range, pof2_params, weight_params
+from zonnx.quantization.schemes import (
+    QuantParams,
+    bias_params,
+    fit_weight_to_bias,
+    params_from_range,
+    pof2_params,
+    weight_params,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +198,10 @@ def _ranges_from_table(plan: QuantPlan, path: str, wanted: list[str]) -> None:
     table = read_calibration_table(path)
     missing = [n for n in wanted if n not in table]
     if missing:
-        raise OptionError(f"{path}: no row for {len(missing)} tensor(s) of this model, e.g. {missing[0]!r}; "
-                          "export the table from the same model.")
+        raise OptionError(
+            f"{path}: no row for {len(missing)} tensor(s) of this model, e.g. {missing[0]!r}; "
+            "export the table from the same model."
+        )
     for n in wanted:
         row, tp = table[n], plan.tensors[n]
         tp.fixed_range = (-row.threshold, row.threshold) if tp.spec.symmetric else (row.min, row.max)
@@ -256,4 +265,14 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
                 pof2.weight_diffs_pos(b, qmin, qmax), dataclasses.replace(tp.spec, axis=None)
             )
         else:
+            if not cfg.extra.disable_weight_adjust_for_int32_bias:
+                b = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
+                w.params, raised = fit_weight_to_bias(b, x.params.scale, w.params)
+                if raised:
+                    logger.info(
+                        "weight %r: raised the scale of %d channel(s) so the int32 codes of bias %r fit",
+                        w.name,
+                        raised,
+                        tp.name,
+                    )
             tp.params = bias_params(x.params.scale, w.params)

@@ -94,6 +94,8 @@ class ExtraOptions:
     keep_removable_activations: bool = False
     use_qdq_contrib_ops: bool = False
     enable_subgraph: bool = False
+    # True keeps weight scales even when an int32 bias code overflows (schemes.fit_weight_to_bias)
+    disable_weight_adjust_for_int32_bias: bool = False
     # zonnx keys
     weight_calibrate_method: str = "minmax"
     calib_num_bins: int = 2048
@@ -185,6 +187,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "SmoothQuant": ("smooth_quant", bool),
     "SmoothQuantAlpha": ("smooth_quant_alpha", (int, float)),
     "SmoothQuantFolding": ("smooth_quant_folding", bool),
+    "QDQDisableWeightAdjustForInt32Bias": ("disable_weight_adjust_for_int32_bias", bool),
 }
 #: Keys that only tune cross-layer equalization: refused unless IncludeCLE is True.
 _CLE_KEYS = ("CLESteps", "CLEScaleAppendBias")
@@ -194,7 +197,6 @@ _ACCEPTED_NOOP = {
     "extra.Sigmoid.nnapi",
     "CalibMaxIntermediateOutputs",
     "CalibStridedMinMax",
-    "QDQDisableWeightAdjustForInt32Bias",
 }
 #: ORT keys zonnx does not implement.
 _UNSUPPORTED: dict[str, str] = {}

@@ -24,6 +24,7 @@ __all__ = [
     "params_from_range",
     "weight_params",
     "bias_params",
+    "fit_weight_to_bias",
     "pof2_params",
     "pos_from_scale",
     "quantize",
@@ -206,6 +207,32 @@ def bias_params(input_scale: np.ndarray, weight: QuantParams) -> QuantParams:
     lo, hi = int32.qrange()
     # a bias is 1-D: its channel axis is 0 whatever the weight's channel axis is (Gemm's B is [K, N])
     return QuantParams(scale, np.zeros(scale.shape, np.int32), int32, 0 if scale.ndim else None, None, lo, hi)
+
+
+def fit_weight_to_bias(
+    bias: np.ndarray, input_scale: np.ndarray, weight: QuantParams
+) -> tuple[QuantParams, int]:
+    """Raise the weight scale of every channel whose int32 bias code would overflow; returns the new
+    parameters and the number of channels raised.
+
+    A channel whose weights are (nearly) all zero has a tiny weight scale, so ``b / (s_x s_w)`` exceeds
+    the int32 range and the bias saturates to a meaningless value (ORT adjusts the weight scale the same
+    way unless ``QDQDisableWeightAdjustForInt32Bias``). Rule: ``s_w >= |b| / (s_x * (2^31 - 1))``, doubled
+    for headroom; a raised scale only coarsens weights that are below one code of the old one anyway.
+    """
+    b = np.abs(np.asarray(bias, np.float64)).reshape(-1)
+    s_w = np.asarray(weight.scale, np.float64)
+    need = b / (float(np.asarray(input_scale, np.float64).reshape(-1)[0]) * (2.0**31 - 1)) * 2.0
+    if s_w.ndim == 0:
+        need_w = np.float64(need.max(initial=0.0))
+        raised = int(need_w > s_w)
+        new = np.maximum(s_w, need_w)
+    else:
+        raised = int(np.count_nonzero(need > s_w))
+        new = np.maximum(s_w, need)
+    if not raised:
+        return weight, 0
+    return dataclasses.replace(weight, scale=new.astype(np.float32)), raised
 
 
 def _broadcast(p: np.ndarray, x: np.ndarray, axis: int | None) -> np.ndarray:

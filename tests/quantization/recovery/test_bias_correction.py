@@ -70,7 +70,9 @@ def test_bias_correction_removes_channel_mean_error(form: str) -> None:
     model, feeds = small_cnn(), _feeds(6)
     base = {k: (dict(v) if isinstance(v, dict) else v) for k, v in FORMATS[form].items()}
     extra = dict(base.pop("extra_options", {}))
-    plain = zonnx.quantize_static(model, None, ListReader(feeds), extra_options=extra, **base)
+    plain = zonnx.quantize_static(
+        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **base
+    )
     fixed = zonnx.quantize_static(
         model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": True}, **base
     )
@@ -81,6 +83,14 @@ def test_bias_correction_removes_channel_mean_error(form: str) -> None:
     assert record.sqnr_after > record.sqnr_before
     if form == "dpu-b4096":  # the corrected model still meets every rule of the target
         assert refine_model(to_ir(fixed.model), "dpu-b4096").total == 0
+
+
+def test_dpu_recipe_corrects_biases() -> None:
+    """target_quantize_kwargs("dpu-b4096") asks for bias correction (Vitis AI's default recipe)."""
+    assert target_quantize_kwargs("dpu-b4096")["extra_options"]["BiasCorrection"] is True
+    model, feeds = small_cnn(), _feeds(4)
+    result = zonnx.quantize_static(model, None, ListReader(feeds), **target_quantize_kwargs("dpu-b4096"))
+    assert result.recovery["bias_correction"].layers == 2
 
 
 def test_all_at_once_is_measured_too() -> None:
