@@ -349,6 +349,12 @@ REGISTRY: dict[str, Benchmark] = {
             "ResNet-18 dpu-b4096 fast finetune (adaround, adaquant): wall time and held-out SQNR vs PTQ alone",
         ),
         Benchmark(
+            "target_accuracy",
+            "bench.bench_target_accuracy:bench_target_accuracy",
+            "PP-OCRv4 rec char accuracy quantized with each NPU target's recipe, against float, with the "
+            "partitioner's NPU MAC share",
+        ),
+        Benchmark(
             "accuracy_peers",
             "bench.bench_accuracy_peers:bench_accuracy_peers",
             "PP-OCRv4 rec char accuracy and transformer output cosine: zonnx vs NNCF (and AIMET-ONNX), each "
