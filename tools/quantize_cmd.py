@@ -22,6 +22,7 @@ from zonnx.quantization.config import load_config_file
 from zonnx.quantization.sources import reader_from_source
 from zonnx.tools.console import console, err_console
 from zonnx.tools.options import parse_name_list
+from zonnx.tools.quantize_budget import run_budget_search
 
 
 def _floats(value: str | None, what: str) -> tuple[float, ...] | None:
@@ -126,61 +127,6 @@ def _target_defaults(target: str | None) -> dict:
             out[key] = out[key].name.lower()
     out["extra_options"] = {k: v for k, v in out.get("extra_options", {}).items() if k != "Target"}
     return out
-
-
-def _budget_search(
-    model: Path,
-    output: Path,
-    reader: Any,
-    proto: Any,
-    preprocess: dict,
-    cfg: Any,
-    budget: float,
-    metric: str,
-    eval_data: str | None,
-    search_layers: int,
-    measure_layers: int,
-    strict: bool,
-) -> None:
-    """``--accuracy-budget``: search, print every candidate, write the model and its config file."""
-    from zonnx.quantization.search.run import quantize_with_budget, read_feeds
-
-    if reader is None:
-        raise OptionError("--accuracy-budget needs calibration data (--calib).")
-    eval_feeds = (
-        read_feeds(reader_from_source(eval_data, proto, preprocess=preprocess), "--eval")
-        if eval_data
-        else None
-    )
-    start = time.perf_counter()
-
-    def progress(name: str, cand: Any) -> None:
-        err_console.print(f"  {name}: {metric} {cand.score:.5f}, {cand.raised} layer(s) raised", markup=False)
-
-    final, result, config_path = quantize_with_budget(
-        str(model), output, reader, cfg, budget=budget, metric=metric, eval_feeds=eval_feeds,
-        max_layers=search_layers, measure_layers=measure_layers, progress=progress,
-    )  # fmt: skip
-    table = Table(
-        title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
-        f"points), {result.eval_samples} evaluation samples",
-        box=box.SIMPLE if console.is_terminal else box.ASCII,
-        title_justify="left",
-    )
-    for col in ("candidate", metric, f"layers {result.precision}", "NPU MACs", "chosen"):
-        table.add_column(col)
-    for row in result.table():
-        share = row["npu_mac_share"]
-        table.add_row(
-            row["candidate"], f"{row['score']:.5f}", str(row["not_int8"]),
-            "-" if share is None else f"{100 * share:.1f}%", "yes" if row["chosen"] else "",
-        )  # fmt: skip
-    console.print(table)
-    console.print(_summary(final, time.perf_counter() - start, output))
-    verdict = "met" if result.met else "NOT met (kept the best candidate)"
-    console.print(f"budget {verdict}; config of the choice: {config_path}", markup=False)
-    if strict and not result.met:
-        raise typer.Exit(1)
 
 
 def _generic_defaults(tdef: dict, fmt: str) -> dict[str, Any]:
@@ -407,8 +353,8 @@ def quantize(
     }
     reader = reader_from_source(calib, proto, preprocess=preprocess, limit=limit) if calib else None
     if accuracy_budget is not None:
-        _budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
-                       search_layers, measure_layers, strict)  # fmt: skip
+        run_budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
+                          search_layers, measure_layers, strict, _summary)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()

@@ -11,8 +11,8 @@ import zonnx
 from tests.helpers import run_cli
 from zonnx import zoo
 from zonnx.errors import OptionError
-from zonnx.quantization.api import _KeepSpread
 from zonnx.quantization.calibration.readers import ListReader
+from zonnx.quantization.sample_keeper import SampleKeeper
 from zonnx.zoo.text_images import rec_inputs
 
 
@@ -53,7 +53,7 @@ def test_report_samples_are_spread_over_the_calibration_set() -> None:
 
 def test_the_report_keeps_feeds_from_the_whole_set() -> None:
     feeds = [{"x": np.full((1,), i, np.float32)} for i in range(200)]
-    keeper = _KeepSpread(ListReader(feeds), 8)
+    keeper = SampleKeeper(ListReader(feeds), 8)
     while keeper.get_next() is not None:
         pass
     kept = sorted(int(f["x"][0]) for f in keeper.kept)

@@ -7,7 +7,6 @@ __all__ = ["quantize_static", "QuantizeResult", "build_config"]
 import dataclasses
 import logging
 import os
-import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from zonnx.quantization.config import QuantConfig, resolve_format, resolve_metho
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
 from zonnx.quantization.options import parse_extra_options
 from zonnx.quantization.plan import QuantPlan
+from zonnx.quantization.sample_keeper import SampleKeeper
 from zonnx.quantization.schemes import QuantSpec, qdtype
 
 logger = logging.getLogger(__name__)
@@ -207,44 +207,8 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
     )
 
 
-class _KeepSpread:
-    """Delegates to a calibration reader and keeps ``n`` of its feeds spread over the whole set.
-
-    Reservoir sampling with a fixed seed: every feed has the same chance to be kept, whatever the
-    number of feeds (unknown in advance), and memory stays at ``n`` feeds.
-    """
-
-    def __init__(self, reader: Any, n: int = 4, seed: int = 0) -> None:
-        self._reader, self._n = reader, n
-        self._rng = random.Random(seed)
-        self._seen = 0
-        self.kept: list[dict[str, Any]] = []
-
-    def get_next(self) -> Any:
-        feed = self._reader.get_next()
-        if feed and self._n:
-            slot = self._seen if self._seen < self._n else self._rng.randrange(self._seen + 1)
-            self._seen += 1
-            if slot < self._n:
-                copy = {k: v.copy() if hasattr(v, "copy") else v for k, v in feed.items()}
-                if slot < len(self.kept):
-                    self.kept[slot] = copy
-                else:
-                    self.kept.append(copy)
-        return feed
-
-    def fill(self) -> list[dict[str, Any]]:
-        """Read until ``n`` feeds are kept or the reader ends; the kept feeds."""
-        while len(self.kept) < self._n and self.get_next():
-            pass
-        return self.kept
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._reader, name)
-
-
 def _fast_finetune(
-    float_model: onnx.ModelProto, model: ir.Model, plan: QuantPlan, reader: _KeepSpread, options: Any
+    float_model: onnx.ModelProto, model: ir.Model, plan: QuantPlan, reader: SampleKeeper, options: Any
 ) -> Any:
     """Run fast finetune on the written (and refined) model with the kept calibration feeds."""
     from zonnx.quantization.recovery.fast_finetune import fast_finetune
@@ -399,7 +363,7 @@ def quantize_static(
         recovery.KEPT_SAMPLES if cfg.extra.bias_correction else 0,
         fast_ft.data_size if fast_ft is not None else 0,
     )
-    reader = _KeepSpread(calibration_data_reader, keep) if calibration_data_reader is not None else None
+    reader = SampleKeeper(calibration_data_reader, keep) if calibration_data_reader is not None else None
     calibrate_plan(
         float_model,
         plan,

@@ -194,7 +194,8 @@ def test_mobilenetv2_dpu_adaround_improves_held_out_sqnr() -> None:
     calib, held_out = zoo.sample_inputs("mobilenetv2", 16), zoo.sample_inputs("mobilenetv2", 16, seed=5)
     kwargs = target_quantize_kwargs("dpu-b4096")
     extra = dict(kwargs.pop("extra_options"))
-    assert extra == {"Target": "dpu-b4096"}
+    assert extra == {"Target": "dpu-b4096", "BiasCorrection": True}
+    extra["BiasCorrection"] = False  # fast finetune alone against the same recipe without it
     base = zonnx.quantize_static(src, None, ListReader(calib), **kwargs, extra_options=extra)
     ft = {"OptimAlgorithm": "adaround", "NumIterations": 50, "FixedSeed": 0}
     tuned = zonnx.quantize_static(

@@ -1,0 +1,75 @@
+"""``zonnx quantize --accuracy-budget``: run the search, print every candidate, write the model and its config."""
+
+from __future__ import annotations
+
+__all__ = ["run_budget_search"]
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from zonnx.errors import OptionError
+from zonnx.quantization.sources import reader_from_source
+from zonnx.tools.console import console, err_console
+
+
+def run_budget_search(
+    model: Path,
+    output: Path,
+    reader: Any,
+    proto: Any,
+    preprocess: dict,
+    cfg: Any,
+    budget: float,
+    metric: str,
+    eval_data: str | None,
+    search_layers: int,
+    measure_layers: int,
+    strict: bool,
+    summary: Callable[[Any, float, Path], Table],
+) -> None:
+    """Search, print every candidate and ``summary`` of the final model, write the model and its config
+    file; exit 1 under ``strict`` when the budget is not met."""
+    from zonnx.quantization.search.run import quantize_with_budget, read_feeds
+
+    if reader is None:
+        raise OptionError("--accuracy-budget needs calibration data (--calib).")
+    eval_feeds = (
+        read_feeds(reader_from_source(eval_data, proto, preprocess=preprocess), "--eval")
+        if eval_data
+        else None
+    )
+    start = time.perf_counter()
+
+    def progress(name: str, cand: Any) -> None:
+        err_console.print(f"  {name}: {metric} {cand.score:.5f}, {cand.raised} layer(s) raised", markup=False)
+
+    final, result, config_path = quantize_with_budget(
+        str(model), output, reader, cfg, budget=budget, metric=metric, eval_feeds=eval_feeds,
+        max_layers=search_layers, measure_layers=measure_layers, progress=progress,
+    )  # fmt: skip
+    table = Table(
+        title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
+        f"points), {result.eval_samples} evaluation samples",
+        box=box.SIMPLE if console.is_terminal else box.ASCII,
+        title_justify="left",
+    )
+    for col in ("candidate", metric, f"layers {result.precision}", "NPU MACs", "chosen"):
+        table.add_column(col)
+    for row in result.table():
+        share = row["npu_mac_share"]
+        table.add_row(
+            row["candidate"], f"{row['score']:.5f}", str(row["not_int8"]),
+            "-" if share is None else f"{100 * share:.1f}%", "yes" if row["chosen"] else "",
+        )  # fmt: skip
+    console.print(table)
+    console.print(summary(final, time.perf_counter() - start, output))
+    verdict = "met" if result.met else "NOT met (kept the best candidate)"
+    console.print(f"budget {verdict}; config of the choice: {config_path}", markup=False)
+    if strict and not result.met:
+        raise typer.Exit(1)
