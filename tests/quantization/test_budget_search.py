@@ -139,3 +139,35 @@ def test_targets_offer_int16_where_their_file_says_so() -> None:
     assert search_precision("zhouyi-x2") == "int16"
     assert search_precision("dpu-b4096") == "float"
     assert search_precision(None) == "float"
+
+
+def test_a_mixed_precision_choice_compiles_for_the_target_and_runs_bit_exact(
+    digits: Path, tmp_path: Path
+) -> None:
+    """zhouyi-x2 lists int16: the raised layers get 16-bit activations, the model still compiles with every
+    MAC on the NPU, and the simulated NPU agrees with the fake-quant model to one step of the output grid
+    (zhouyi-x2's requantization rounds its own way, not as ONNX Runtime's QuantizeLinear)."""
+    import zonnx
+    from zonnx.backend.compile_api import compile_model
+    from zonnx.build_npu import target_quantize_kwargs
+    from zonnx.verify import ort_session
+
+    out = tmp_path / "z.onnx"
+    cfg = build_config(**target_quantize_kwargs("zhouyi-x2"))
+    _, result, _ = quantize_with_budget(digits, out, _feeds(32), cfg, budget=0.001, eval_feeds=_feeds(16, 32))
+    assert result.precision == "int16" and result.chosen.raised >= 1
+    assert set(result.chosen.overrides.values()) == {"int16"} and result.chosen.npu_mac_share == 1.0
+    compiled = compile_model(out, "zhouyi-x2")
+    assert compiled.partition.mac_share == 1.0
+    npu = zonnx.InferenceSession(
+        compiled.model, providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"]
+    )
+    fake = ort_session(out)
+    model = onnx.load(out)
+    last = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
+    step = float(
+        onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == last.input[1]))
+    )
+    for feed in _feeds(8, 200):
+        a, b = npu.run(None, feed)[0], fake.run(None, feed)[0]
+        assert np.abs(a - b).max() <= step * 1.001 and a.argmax() == b.argmax()
