@@ -47,8 +47,7 @@ case "$job" in
     rc=$?
     set -e
     if [ "$rc" -eq 5 ]; then
-      echo "pytest collected no tests (exit 5): treated as success" >&2
-      rc=0
+      echo "pytest collected no tests (exit 5): a selection that matches nothing, or broken collection" >&2
     fi
     # The whole suite (no arguments, as CI runs it) also proves exactness on emulated non-VNNI CPUs.
     if [ "$rc" -eq 0 ] && [ "$#" -eq 0 ]; then
