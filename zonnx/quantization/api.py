@@ -383,7 +383,7 @@ def quantize_static(
     if fast_ft is not None:
         records["fast_finetune"] = _fast_finetune(float_model, model, plan, reader, fast_ft)
     if cfg.extra.bias_correction:
-        feeds = recovery.samples_for(reader)
+        feeds = reader.fill()[: recovery.KEPT_SAMPLES]
         records.update(
             recovery.recover_quantized(model, float_model, feeds, cfg, target, calibration_providers)
         )
@@ -393,8 +393,9 @@ def quantize_static(
         del proto.metadata_props[:]
         proto.metadata_props.extend(kept)
         proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
-    result = QuantizeResult(proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=records)
-    result.prepared = float_model
+    result = QuantizeResult(
+        proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=records, prepared=float_model
+    )
     if reader is not None and reader.kept and cfg.extra.report_samples:
         from zonnx.quantization.collapse import similarity_warning
         from zonnx.quantization.report import layer_report

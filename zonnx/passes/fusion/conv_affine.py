@@ -125,11 +125,8 @@ class _ConvRule(Rule[_Match]):
         return f"{label(m.node)}: not folded into {label(m.conv)}: {reason}" if reason else None
 
 
-class OutputScale(_ConvRule):
-    """Replaces `Mul(Conv(x), a)` with `Conv'(x)`."""
-
-    anchor = "Mul"
-    what = "folded Mul after Conv"
+class _OutputRule(_ConvRule):
+    """A Mul or Add of a scalar or per-output-channel constant on a Conv's output."""
 
     def pattern(self, ctx: Context, node: ir.Node) -> _Match | None:
         for value in node.inputs:
@@ -147,6 +144,13 @@ class OutputScale(_ConvRule):
             return f"{label(m.node)}: {m.const.name} is not a scalar or per-output-channel constant"
         return None
 
+
+class OutputScale(_OutputRule):
+    """Replaces `Mul(Conv(x), a)` with `Conv'(x)`."""
+
+    anchor = "Mul"
+    what = "folded Mul after Conv"
+
     def rewrite(self, ctx: Context, m: _Match) -> None:
         w, b = _conv_params(m.conv)  # type: ignore[misc]
         a = _channels(const_array(m.const), w.ndim, w.shape[0])
@@ -157,23 +161,11 @@ class OutputScale(_ConvRule):
         drop([m.node])
 
 
-class OutputOffset(_ConvRule):
+class OutputOffset(_OutputRule):
     """Replaces `Add(Conv(x), d)` with `Conv'(x)`."""
 
     anchor = "Add"
     what = "folded Add after Conv"
-
-    def pattern(self, ctx: Context, node: ir.Node) -> _Match | None:
-        return OutputScale.pattern(self, ctx, node)  # type: ignore[arg-type]
-
-    def check(self, ctx: Context, m: _Match) -> str | None:
-        reason = super().check(ctx, m)
-        if reason:
-            return reason
-        w = const_array(m.conv.inputs[1])
-        if _channels(const_array(m.const), w.ndim, w.shape[0]) is None:
-            return f"{label(m.node)}: {m.const.name} is not a scalar or per-output-channel constant"
-        return None
 
     def rewrite(self, ctx: Context, m: _Match) -> None:
         w, b = _conv_params(m.conv)  # type: ignore[misc]

@@ -4,7 +4,7 @@ after the target's refinement. Each step that runs adds its record to the return
 
 from __future__ import annotations
 
-__all__ = ["KEPT_SAMPLES", "check_recovery_options", "recover_float", "recover_quantized", "samples_for"]
+__all__ = ["KEPT_SAMPLES", "check_recovery_options", "recover_float", "recover_quantized"]
 
 import logging
 from collections.abc import Mapping, Sequence
@@ -58,14 +58,6 @@ def recover_float(model: ir.Model, cfg: QuantConfig) -> dict[str, Any]:
         logger.info("%s", record.summary())
         records["cle"] = record
     return records
-
-
-def samples_for(reader: Any, n: int = KEPT_SAMPLES) -> list[dict[str, Any]]:
-    """The feeds ``reader`` kept (a reader with a ``kept`` list), topped up by reading on when
-    calibration did not read it (loaded statistics): at most ``n``."""
-    while len(reader.kept) < n and reader.get_next():
-        pass
-    return list(reader.kept[:n])
 
 
 def recover_quantized(
