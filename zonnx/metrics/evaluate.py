@@ -8,7 +8,7 @@ exactly); a compiled model (NpuSubgraph nodes) runs in ``zonnx.InferenceSession`
 
 from __future__ import annotations
 
-__all__ = ["evaluate", "Runner"]
+__all__ = ["evaluate", "Runner", "FloatReference"]
 
 import itertools
 import logging
@@ -98,3 +98,32 @@ def evaluate(
     value = as_number(checked.result(), f"metric {type(metric).__name__}")
     logger.info("metric %s over %d sample(s): %.6g", type(metric).__name__, count, value)
     return value
+
+
+class FloatReference:
+    """The float model's outputs on fixed samples, run once; ``score`` runs another model on the same
+    samples and applies a fresh ``metric`` (a spec for ``load_metric``) against those outputs."""
+
+    def __init__(
+        self,
+        float_model: ModelLike,
+        feeds: Iterable[Mapping[str, np.ndarray]],
+        metric: str,
+        model_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.metric_spec, self.model_path = metric, model_path
+        self.feeds = [dict(f) for f in feeds]
+        sess = ort_session(float_model)
+        self.outputs = [list(sess.run(None, f)) for f in self.feeds]
+
+    def score_outputs(self, outputs: Iterable[list[np.ndarray]]) -> float:
+        """The metric of ``outputs`` (one list per sample, in order) against the float outputs."""
+        metric = guard(load_metric(self.metric_spec, self.model_path))
+        for ref, out, feed in zip(self.outputs, outputs, self.feeds, strict=True):
+            metric.update(ref, out, feed)
+        return float(metric.result())
+
+    def score(self, model: ModelLike) -> float:
+        """Run ``model`` on the samples (graph optimizations off, exact integer form) and score it."""
+        sess = ort_session(model)
+        return self.score_outputs([list(sess.run(None, dict(f))) for f in self.feeds])

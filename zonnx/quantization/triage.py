@@ -35,9 +35,7 @@ import numpy as np
 import onnx
 
 from zonnx.errors import OptionError
-from zonnx.metrics import load_metric
-from zonnx.metrics.plugins import guard
-from zonnx.verify import ort_session
+from zonnx.metrics.evaluate import FloatReference
 
 logger = logging.getLogger(__name__)
 
@@ -117,24 +115,6 @@ def bypass(model: onnx.ModelProto, sites: Sequence[Site]) -> onnx.ModelProto:
     return out
 
 
-class _Scorer:
-    def __init__(
-        self, float_model: Any, feeds: Sequence[Mapping[str, np.ndarray]], metric: str, path: Any
-    ) -> None:
-        self.metric, self.path, self.feeds = metric, path, list(feeds)
-        sess = ort_session(float_model)
-        self.ref = [list(sess.run(None, dict(f))) for f in self.feeds]
-        self.runs = 0
-
-    def __call__(self, model: onnx.ModelProto) -> float:
-        self.runs += 1
-        metric = guard(load_metric(self.metric, self.path))
-        sess = ort_session(model)
-        for ref, feed in zip(self.ref, self.feeds, strict=True):
-            metric.update(ref, list(sess.run(None, dict(feed))), dict(feed))
-        return float(metric.result())
-
-
 def triage(
     float_model: Any,
     quant_model: onnx.ModelProto,
@@ -152,7 +132,16 @@ def triage(
     if not sites:
         raise OptionError("the quantized model has no activation quantizer (QuantizeLinear/DequantizeLinear "
                           "pairs or FixNeuron nodes): nothing to triage.")  # fmt: skip
-    score = _Scorer(float_model, feeds, metric, float_model if isinstance(float_model, str) else None)
+    reference = FloatReference(
+        float_model, feeds, metric, float_model if isinstance(float_model, str) else None
+    )
+    runs = 0
+
+    def score(model: onnx.ModelProto) -> float:
+        nonlocal runs
+        runs += 1
+        return reference.score(model)
+
     say = progress or (lambda _m: None)
     baseline = score(quant_model)
     say(f"baseline {metric} {baseline:.5f} with {len(sites)} activation quantizers")
@@ -185,5 +174,5 @@ def triage(
         say(f"culprit {len(culprits)}: {culprit.tensor} -> {metric} {current:.5f} with it in float")
     alone = {c.tensor: score(bypass(quant_model, [c])) for c in culprits}
     return TriageResult(
-        metric, tolerance, len(sites), baseline, culprits, current, alone, score.runs, activations_off
+        metric, tolerance, len(sites), baseline, culprits, current, alone, runs, activations_off
     )

@@ -23,10 +23,8 @@ from typing import Any
 import numpy as np
 
 from zonnx.errors import OptionError
-from zonnx.metrics import load_metric
-from zonnx.metrics.plugins import guard
+from zonnx.metrics.evaluate import FloatReference
 from zonnx.quantization.config import QuantConfig
-from zonnx.verify import ort_session
 
 logger = logging.getLogger(__name__)
 
@@ -96,16 +94,9 @@ class CandidateScorer:
                 base.extra, load_stats=str(stats_path), save_stats=None, report_samples=0, report_path=None
             ),
         )
-        self.feeds = [dict(f) for f in feeds]
-        sess = ort_session(self.float_model)
-        self.float_outputs = [list(sess.run(None, f)) for f in self.feeds]
-        self.float_score = self._score_outputs(self.float_outputs)
-
-    def _score_outputs(self, outputs: Sequence[list[np.ndarray]]) -> float:
-        metric = guard(load_metric(self.metric_spec, self.float_model))
-        for ref, out, feed in zip(self.float_outputs, outputs, self.feeds, strict=True):
-            metric.update(ref, out, feed)
-        return float(metric.result())
+        self.reference = FloatReference(self.float_model, feeds, metric, self.float_model)
+        self.feeds = self.reference.feeds
+        self.float_score = self.reference.score_outputs(self.reference.outputs)
 
     def quantize(self, overrides: Mapping[str, str]) -> Any:
         """The quantized ModelProto of a candidate (nothing written)."""
@@ -120,8 +111,7 @@ class CandidateScorer:
         """Quantize, run and score one candidate; the NPU share when the base config has a target."""
         start = time.perf_counter()
         model = self.quantize(overrides)
-        sess = ort_session(model)
-        score = self._score_outputs([list(sess.run(None, f)) for f in self.feeds])
+        score = self.reference.score(model)
         target = self.base.extra.target
         share = npu_mac_share(model, target) if target else None
         return Candidate(dict(overrides), score, share, time.perf_counter() - start)
