@@ -37,7 +37,7 @@ from zonnx.backend.partition import Partition, format_partition, partition, prop
 from zonnx.backend.partition.capability import node_keys
 from zonnx.backend.targets import Target, load_target
 from zonnx.errors import UnsupportedModelError
-from zonnx.ir.io import check_names, check_single_writers, load_proto, save_model, to_proto
+from zonnx.ir.io import check_structure, load_proto, save_model, to_proto
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +92,7 @@ def prepare_source(model: Any) -> tuple[onnx.ModelProto, bytes]:
         data = bytes(model)
         proto = onnx.ModelProto()
         proto.ParseFromString(data)
-        check_names(proto, "model bytes")
-        check_single_writers(proto, "model bytes")
+        check_structure(proto, "model bytes", order=True)
     else:
         proto = load_proto(model) if isinstance(model, str | Path) else to_proto(model)
         data = proto.SerializeToString()

@@ -18,6 +18,8 @@ __all__ = [
     "check_names",
     "check_single_writers",
     "check_wiring",
+    "check_structure",
+    "check_tensors",
     "sweep_stale_temporaries",
     "default_opset",
 ]
@@ -35,6 +37,8 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from zonnx.errors import ModelLoadError, ModelSaveError, UnsupportedModelError
+from zonnx.faults import kill_point
+from zonnx.ir.checks import check_names, check_single_writers, check_structure, check_tensors, check_wiring
 
 logger = logging.getLogger(__name__)
 
@@ -94,100 +98,6 @@ def _missing_external_files(model: onnx.ModelProto, base_dir: Path) -> list[str]
     return sorted(loc for loc in external_data_locations(model) if not (base_dir / loc).is_file())
 
 
-def _bad_text(value: object) -> bool:
-    return isinstance(value, bytes)  # protobuf hands back bytes for a string field that is not UTF-8
-
-
-def check_names(model: onnx.ModelProto, where: str) -> None:
-    """Every name in the main graph is text: a string field with invalid UTF-8 is a ModelLoadError naming
-    the node, tensor or field (the rule: such bytes never reach code that expects text)."""
-
-    def fail(what: str, value: object) -> None:
-        raise ModelLoadError(
-            f"{where}: {what} {value!r} is not valid UTF-8; rename it (e.g. with onnx's Python API) and save again."
-        )
-
-    g = model.graph
-    for opset in model.opset_import:
-        if _bad_text(opset.domain):
-            fail("an opset domain", opset.domain)
-    if _bad_text(g.name):
-        fail("the graph name", g.name)
-    for kind, values in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
-        for v in values:
-            if _bad_text(v.name):
-                fail(f"graph {kind}", v.name)
-    for t in g.initializer:
-        if _bad_text(t.name):
-            fail("initializer", t.name)
-    for i, n in enumerate(g.node):
-        label = f"node #{i}" if _bad_text(n.name) else f"node {n.name!r}"
-        for field, value in (("name", n.name), ("op_type", n.op_type), ("domain", n.domain)):
-            if _bad_text(value):
-                fail(f"node #{i} ({field})", value)
-        for value in list(n.input) + list(n.output):
-            if _bad_text(value):
-                fail(f"{label}: tensor name", value)
-        for a in n.attribute:
-            if _bad_text(a.name):
-                fail(f"{label}: attribute name", a.name)
-    for prop in model.metadata_props:
-        if _bad_text(prop.key) or _bad_text(prop.value):
-            fail("metadata entry", prop.key)
-
-
-def check_single_writers(model: onnx.ModelProto, where: str) -> None:
-    """Each tensor of the main graph has one writer: a graph input, an initializer or one node output.
-
-    A second writer is a ModelLoadError naming the tensor and both writers (ONNX requires SSA form)."""
-    writers: dict[str, str] = {}
-    for v in model.graph.input:
-        writers[v.name] = f"graph input {v.name!r}"
-    for t in model.graph.initializer:
-        writers.setdefault(t.name, f"initializer {t.name!r}")
-    for i, n in enumerate(model.graph.node):
-        for out in n.output:
-            if not out:
-                continue
-            me = f"node {n.name or '#' + str(i)!r} ({n.op_type})"
-            if out in writers:
-                raise ModelLoadError(
-                    f"{where}: tensor {out!r} is written by {writers[out]} and by {me}; an ONNX graph gives "
-                    "each tensor one writer: rename one of the outputs."
-                )
-            writers[out] = me
-
-
-def check_wiring(model: onnx.ModelProto, where: str) -> None:
-    """The main graph is well formed: every node input and graph output is produced by a graph input, an
-    initializer or a node, and nodes come in topological order (no node reads a later node's output:
-    that is unsorted nodes or a cycle). Otherwise a ModelLoadError naming the node and the tensor."""
-    g = model.graph
-    known = {v.name for v in g.input} | {t.name for t in g.initializer} | {""}
-    later = {o: (i, n) for i, n in enumerate(g.node) for o in n.output if o}
-    for i, n in enumerate(g.node):
-        for name in n.input:
-            if name in known:
-                continue
-            label = f"node {n.name or '#' + str(i)!r} ({n.op_type})"
-            if name in later:
-                j, writer = later[name]
-                raise ModelLoadError(
-                    f"{where}: {label} reads {name!r} before node {writer.name or '#' + str(j)!r} writes it "
-                    "(nodes out of order or a cycle); the input model is invalid: re-export it."
-                )
-            raise ModelLoadError(
-                f"{where}: {label} reads {name!r}, which no node, input or initializer produces; the input "
-                "model is invalid: re-export it."
-            )
-        known.update(o for o in n.output if o)
-    for v in g.output:
-        if v.name not in known:
-            raise ModelLoadError(
-                f"{where}: graph output {v.name!r} is produced by no node; the input model is invalid."
-            )
-
-
 def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
     """Read an ONNX file; every failure becomes a ModelLoadError naming the file and what to do."""
     p = Path(path)
@@ -215,8 +125,7 @@ def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True)
             "give a file written by an ONNX exporter."
         )
     _check_versions(model, str(p))
-    check_names(model, str(p))
-    check_single_writers(model, str(p))
+    check_structure(model, str(p))
     if load_external_data:
         missing = _missing_external_files(model, p.parent)
         if missing:
@@ -228,6 +137,7 @@ def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True)
             onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as e:
             raise ModelLoadError(f"{p}: its external data cannot be read ({e}).") from None
+        check_tensors(model, str(p))  # external data now inline: it must fill its shapes too
     return model
 
 
@@ -327,7 +237,10 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
         if hasattr(os, "fchmod"):  # mkstemp makes 0600; outputs follow the umask like any tool's
             os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(data[: len(data) // 2])
+            f.flush()
+            kill_point("save-bytes", out.name)
+            f.write(data[len(data) // 2 :])
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -390,7 +303,12 @@ def save_model(
             )
             os.replace(tmp_dir / data_name, folder / data_name)
         else:
-            tmp_model.write_bytes(proto.SerializeToString())
+            data = proto.SerializeToString()
+            with open(tmp_model, "wb") as f:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                kill_point("save-model", out.name)
+                f.write(data[len(data) // 2 :])
         os.replace(tmp_model, out)
     except (OSError, ValueError) as e:
         raise ModelSaveError(f"{out}: writing failed ({e}); nothing was written.") from None
