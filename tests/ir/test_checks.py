@@ -105,3 +105,49 @@ def test_corrupt_initializer_through_the_cli_is_one_line(tmp_path: Path) -> None
     for args in (["compile", str(path), "-o", str(tmp_path / "c.onnx")], ["profile", str(path)]):
         assert_one_line_error(run_cli(*args), str(path), "initializer 'w'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_a_node_with_the_wrong_number_of_inputs_is_refused() -> None:
+    model = _conv_model()
+    model.graph.node[0].input.append("w")
+    model.graph.node[0].input.append("w")
+    with pytest.raises(ModelLoadError, match="node 'conv' \\(Conv\\) has 4 inputs, but Conv takes 2 to 3"):
+        check_attributes(model, "m.onnx")
+
+
+def test_names_inside_functions_and_subgraphs_are_checked() -> None:
+    from zonnx.ir.checks import check_names
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["bbbbAA"], name="inner")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("bbbbAA", TensorProto.FLOAT, [2])],
+    )
+    if_node = helper.make_node("If", ["c"], ["y"], name="branch", then_branch=body, else_branch=body)
+    fn = helper.make_function(
+        "custom.d",
+        "Fn",
+        ["a"],
+        ["ffffAA"],
+        [helper.make_node("Relu", ["a"], ["ffffAA"])],
+        [helper.make_opsetid("", 17)],
+    )
+    graph = helper.make_graph(
+        [if_node],
+        "g",
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], functions=[fn])
+    data = model.SerializeToString()
+    for text, where in (
+        (b"bbbbAA", "node 'branch': attribute '(then|else)_branch': graph output"),
+        (b"ffffAA", "function custom.d.Fn: input, output or attribute name"),
+    ):
+        bad = onnx.ModelProto.FromString(data.replace(text, text[:4] + b"\xff\xfe"))
+        with pytest.raises(ModelLoadError, match=where):
+            check_names(bad, "m.onnx")

@@ -39,39 +39,62 @@ def _bad_text(value: object) -> bool:
     return isinstance(value, bytes)  # protobuf hands back bytes for a string field that is not UTF-8
 
 
-def check_names(model: onnx.ModelProto, where: str) -> None:
-    """Every name in the main graph is text: a string field with invalid UTF-8 is a ModelLoadError naming
-    the node, tensor or field (the rule: such bytes never reach code that expects text)."""
-
-    def fail(what: str, value: object) -> None:
-        raise ModelLoadError(
-            f"{where}: {what} {value!r} is not valid UTF-8; rename it (e.g. with onnx's Python API) and save again."
-        )
-
-    g = model.graph
-    for opset in model.opset_import:
-        if _bad_text(opset.domain):
-            fail("an opset domain", opset.domain)
-    if _bad_text(g.name):
-        fail("the graph name", g.name)
-    for kind, values in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
-        for v in values:
-            if _bad_text(v.name):
-                fail(f"graph {kind}", v.name)
-    for t in g.initializer:
-        if _bad_text(t.name):
-            fail("initializer", t.name)
-    for i, n in enumerate(g.node):
-        label = f"node #{i}" if _bad_text(n.name) else f"node {n.name!r}"
+def _check_node_names(nodes, scope: str, fail) -> None:  # noqa: ANN001 - repeated NodeProto, callback
+    """Names of ``nodes`` and of every graph their attributes hold (If/Loop/Scan bodies), recursively."""
+    for i, n in enumerate(nodes):
+        label = f"{scope}node #{i}" if _bad_text(n.name) else f"{scope}node {n.name!r}"
         for field, value in (("name", n.name), ("op_type", n.op_type), ("domain", n.domain)):
             if _bad_text(value):
-                fail(f"node #{i} ({field})", value)
+                fail(f"{scope}node #{i} ({field})", value)
         for value in list(n.input) + list(n.output):
             if _bad_text(value):
                 fail(f"{label}: tensor name", value)
         for a in n.attribute:
             if _bad_text(a.name):
                 fail(f"{label}: attribute name", a.name)
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _check_graph_names(sub, f"{label}: attribute {a.name!r}: ", fail)
+
+
+def _check_graph_names(g: onnx.GraphProto, scope: str, fail) -> None:  # noqa: ANN001 - callback
+    if _bad_text(g.name):
+        fail(f"{scope}the graph name", g.name)
+    for kind, values in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
+        for v in values:
+            if _bad_text(v.name):
+                fail(f"{scope}graph {kind}", v.name)
+    for t in g.initializer:
+        if _bad_text(t.name):
+            fail(f"{scope}initializer", t.name)
+    _check_node_names(g.node, scope, fail)
+
+
+def check_names(model: onnx.ModelProto, where: str) -> None:
+    """Every name in the model is text: a string field with invalid UTF-8 (in the main graph, in a
+    subgraph of an If/Loop/Scan node, or in a model-local function) is a ModelLoadError naming the node,
+    tensor or field (the rule: such bytes never reach code that expects text)."""
+
+    def fail(what: str, value: object) -> None:
+        raise ModelLoadError(
+            f"{where}: {what} {value!r} is not valid UTF-8; rename it (e.g. with onnx's Python API) and save again."
+        )
+
+    for opset in model.opset_import:
+        if _bad_text(opset.domain):
+            fail("an opset domain", opset.domain)
+    _check_graph_names(model.graph, "", fail)
+    for f in model.functions:
+        scope = "function #" if _bad_text(f.name) or _bad_text(f.domain) else f"function {f.domain}.{f.name}"
+        for field, value in (("name", f.name), ("domain", f.domain), ("overload", f.overload)):
+            if _bad_text(value):
+                fail(f"{scope} ({field})", value)
+        for value in list(f.input) + list(f.output) + list(f.attribute):
+            if _bad_text(value):
+                fail(f"{scope}: input, output or attribute name", value)
+        for opset in f.opset_import:
+            if _bad_text(opset.domain):
+                fail(f"{scope}: an opset domain", opset.domain)
+        _check_node_names(f.node, f"{scope}: ", fail)
     for prop in model.metadata_props:
         if _bad_text(prop.key) or _bad_text(prop.value):
             fail("metadata entry", prop.key)
@@ -195,20 +218,38 @@ def _custom_attribute_types(domain: str, op_type: str) -> dict[str, int] | None:
     return {a.name: kinds[a.kind] for a in REGISTRY[op_type].attributes}
 
 
-def _attribute_types(node: onnx.NodeProto, opsets: dict[str, int]) -> dict[str, int] | None:
-    """Expected attribute types of ``node`` from ONNX's schema at the model's opset, or zonnx's own."""
+def _schema(node: onnx.NodeProto, opsets: dict[str, int]) -> onnx.defs.OpSchema | None:
+    """ONNX's schema of ``node`` at the model's opset of its domain, None when ONNX has none."""
     domain = "" if node.domain == "ai.onnx" else node.domain
-    custom = _custom_attribute_types(domain, node.op_type)
-    if custom is not None:
-        return custom
     version = opsets.get(domain)
     if version is None or not onnx.defs.has(node.op_type, domain):
         return None
     try:
-        schema = onnx.defs.get_schema(node.op_type, version, domain)
+        return onnx.defs.get_schema(node.op_type, version, domain)
     except onnx.defs.SchemaError:
         return None
-    return {name: int(attr.type) for name, attr in schema.attributes.items()}
+
+
+def _attribute_types(node: onnx.NodeProto, schema: onnx.defs.OpSchema | None) -> dict[str, int] | None:
+    """Expected attribute types of ``node`` from its ONNX schema, or zonnx's own op definition."""
+    custom = _custom_attribute_types("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+    if custom is not None:
+        return custom
+    return None if schema is None else {name: int(attr.type) for name, attr in schema.attributes.items()}
+
+
+def _check_arity(node: onnx.NodeProto, schema: onnx.defs.OpSchema, label: str, where: str) -> None:
+    """The node has as many inputs and outputs as its schema allows."""
+    for kind, count, low, high in (
+        ("inputs", len(node.input), schema.min_input, schema.max_input),
+        ("outputs", len(node.output), schema.min_output, schema.max_output),
+    ):
+        if not low <= count <= high:
+            allowed = f"{low}" if low == high else f"{low} to {high}" if high < 2**20 else f"at least {low}"
+            raise ModelLoadError(
+                f"{where}: {label} has {count} {kind}, but {node.op_type} takes {allowed}; the file is corrupt "
+                "or hand-edited: re-export it."
+            )
 
 
 def _is_utf8(value: bytes) -> bool:
@@ -220,13 +261,17 @@ def _is_utf8(value: bytes) -> bool:
 
 
 def check_attributes(model: onnx.ModelProto, where: str) -> None:
-    """Each attribute of a node whose op has a known schema carries the type that schema declares, and a
+    """A node whose op has a known schema has as many inputs and outputs as it allows; each attribute
+    carries the type that schema declares, and a
     text attribute of such an op is valid UTF-8 (string attributes of other ops may hold any bytes: an
     NPU program is one)."""
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     names = {v: k for k, v in onnx.AttributeProto.AttributeType.items()}
     for i, node in enumerate(model.graph.node):
-        expected = _attribute_types(node, opsets) if node.attribute else None
+        schema = _schema(node, opsets)
+        if schema is not None:
+            _check_arity(node, schema, _label(node, i), where)
+        expected = _attribute_types(node, schema) if node.attribute else None
         for a in node.attribute:
             want = None if expected is None else expected.get(a.name)
             if want == onnx.AttributeProto.STRING and a.type == want and not _is_utf8(a.s):
