@@ -219,9 +219,22 @@ def _check_hardware(hw: Hardware) -> None:
             raise _Bad(f"hardware.{f.name}", f"is {value!r}; it must be {bounds}.")
 
 
+def _check_mac_array(hw: Hardware) -> None:
+    """A MAC array given by all three parallel factors has ``macs_per_cycle`` equal to their product (the
+    profiler then costs layers by the factors; a disagreeing ``macs_per_cycle`` would be silently unused)."""
+    factors = (hw.pixel_parallel, hw.input_channel_parallel, hw.output_channel_parallel)
+    if all(factors) and math.prod(factors) != hw.macs_per_cycle:
+        raise _Bad(
+            "hardware.macs_per_cycle",
+            f"is {hw.macs_per_cycle}, but pixel x input channel x output channel parallel is "
+            f"{' x '.join(map(str, factors))} = {math.prod(factors)}; make them agree.",
+        )
+
+
 def _check(target: Target) -> None:
     """Rules across keys."""
     _check_hardware(target.hardware)
+    _check_mac_array(target.hardware)
     known = {f.name for f in dataclasses.fields(Hardware)} - {"assumed"}
     for i, name in enumerate(target.hardware.assumed):
         if name not in known:

@@ -248,3 +248,14 @@ def test_hardware_numbers_out_of_range_are_named(tmp_path: Path, line: str, valu
     key = value.split(" =")[0]
     with pytest.raises(OptionError, match=rf"bad.toml.*hardware\.{key}.*must be"):
         load_target(bad)
+
+
+def test_macs_per_cycle_must_agree_with_the_pe_array(tmp_path: Path) -> None:
+    """dpu-b4096 states its PE array (8 x 16 x 16); a macs_per_cycle that disagrees would be ignored by
+    the profiler, so it is refused, naming the key and the product (issue 17, item 6)."""
+    text = (TARGETS_DIR / "dpu-b4096.toml").read_text()
+    assert "macs_per_cycle = 2048" in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("macs_per_cycle = 2048", "macs_per_cycle = 4096"))
+    with pytest.raises(OptionError, match=r"hardware\.macs_per_cycle.*is 4096.*8 x 16 x 16 = 2048"):
+        load_target(bad)
