@@ -2,7 +2,8 @@
 
 ``python -m bench.fuzz_inputs --cases 2000 --seed 0`` builds valid seeds (the digits CNN, its
 dpu-b4096 quantized model, a calibration ``.npz`` and a copy of a target file), then for each case
-picks a command, mutates one of its input files (``bench.fuzz_mutations``) and runs it in a worker
+picks a command (or a Python entry point: ``@session`` for ``zonnx.InferenceSession``,
+``@quantize_static``), mutates one of its input files (``bench.fuzz_mutations``) and runs it in a worker
 process (``bench.fuzz_worker``). A case fails when:
 
 - a traceback escapes (anything but a ``ZonnxError`` or a usage error),
@@ -46,6 +47,8 @@ COMMANDS: list[list[str]] = [
     ["run", "{Q}", "--target", "{T}", "-i", "{C}", "-o", "{D}/y.npz"],
     ["profile", "{Q}", "--target", "{T}"],
     ["build", "{M}", "-o", "{D}/out", "--calib", "{C}", "--target", "{T}", "--no-verify"],
+    ["@session", "{Q}", "{T}", "{C}"],
+    ["@quantize_static", "{M}", "{D}/q.onnx", "{C}"],
 ]
 _KINDS = {"M": "onnx", "Q": "onnx", "C": "npz", "T": "toml"}
 _FILES = {"M": "model.onnx", "Q": "model_q.onnx", "C": "calib.npz", "T": "target.toml"}
