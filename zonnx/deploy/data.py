@@ -148,17 +148,17 @@ def _check_fits(sample: Sample, model_path: str, dataset: str) -> None:
 
 
 def calibration_samples(calib: str, dataset: str, source: str, model_path: str, n: int) -> list[Sample]:
-    """Calibration samples: ``calib`` when set, else the dataset's own calibration split (never its
-    evaluation samples: digits uses its ``calib`` split, zoo and text-lines other seeds)."""
+    """Calibration samples: ``calib`` when set, else the dataset's own calibration split, else the zoo
+    model's (never the evaluation samples: digits uses its ``calib`` split, zoo and text-lines other seeds)."""
     model = onnx.load(model_path, load_external_data=False)
     if calib:
         samples = _from_reader(calib, model)
-    elif dataset == "digits":
+    elif dataset == "digits" or source == "digits_cnn":
         from zonnx.zoo.digits import digits_data
 
         x, _ = digits_data("calib")
         samples = [{"input": x[i : i + 1]} for i in range(min(n, len(x)))]
-    elif dataset == "zoo" or (not dataset and source in zoo.names()):
+    elif dataset == "zoo" or source in zoo.names():
         samples = zoo.sample_inputs(source, n, seed=1)
     elif dataset == "text-lines":
         from zonnx.zoo.text_images import rec_inputs

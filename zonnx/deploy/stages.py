@@ -198,7 +198,7 @@ def run_compile(ctx: StageContext) -> dict[str, Any]:
     compiled.save(ctx.file("model_npu.onnx"))
     partition = to_dict(compiled.partition)
     write_bytes_atomic(ctx.file("partition.json"), json.dumps(partition, indent=1).encode())
-    profile = profile_model(ctx.file("model_npu.onnx")).to_dict()
+    profile = profile_model(ctx.file("model_npu.onnx"), ctx.target()).to_dict()
     write_bytes_atomic(ctx.file("profile.json"), json.dumps(profile, indent=1, default=str).encode())
     totals = profile["totals"]
     return {
