@@ -58,8 +58,9 @@ def cli_summary(data: ReportData, html: Path | None) -> list[str]:
         lines.append(f"accuracy: {data.accuracy['metric']}, float {s['float']:.4f} / int8 {s['int8']:.4f} / "
                      f"NPU {s['npu']:.4f} ({data.accuracy['samples']} samples)")  # fmt: skip
     if data.partition:
-        share = data.partition["summary"]["mac_share"]
-        lines.append(f"NPU MACs: {100 * share:.1f}% of the model's MACs on the NPU")
+        s = data.partition["summary"]
+        lines.append(f"NPU MACs: {100 * s['mac_share']:.1f}% of the model's known MACs on the NPU "
+                     f"({s['npu_ops']} of {s['total_ops']} ops, {s['subgraphs']} subgraph(s))")  # fmt: skip
     if data.profile:
         t = data.profile["totals"]
         clock = data.profile["hardware"].get("clock_mhz")

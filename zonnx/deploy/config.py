@@ -148,7 +148,7 @@ def config_from_dict(
             f"{where}: [evaluate] backend {sections['evaluate']['backend']!r}: use local or ray."
         )
     out = Path(str(data.get("out_dir", "out")))
-    return BuildConfig(sections, base_dir, out if out.is_absolute() else base_dir / out, text)
+    return BuildConfig(sections, base_dir, out if out.is_absolute() else (base_dir / out).resolve(), text)
 
 
 def load_build_config(path: str | Path) -> BuildConfig:

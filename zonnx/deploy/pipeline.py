@@ -78,8 +78,8 @@ def summary_lines(results: dict[str, dict[str, Any]], report_html: Path | None) 
                      f"int8 {_fmt(s.get('int8'))} / NPU {_fmt(s.get('npu'))}")  # fmt: skip
     comp = results.get("compile")
     if comp:
-        lines.append(f"NPU ({comp['target']}): {100 * comp['mac_share']:.1f}% of MACs in {comp['subgraphs']} "
-                     f"subgraph(s); estimated NPU latency {comp['npu_ms']:.4f} ms "
+        lines.append(f"NPU ({comp['target']}): {100 * comp['mac_share']:.1f}% of known MACs, {comp['npu_ops']} of "
+                     f"{comp['total_ops']} ops in {comp['subgraphs']} subgraph(s); estimated NPU latency {comp['npu_ms']:.4f} ms "
                      f"({comp['npu_cycles']} cycles at {comp['clock_mhz']} MHz)")  # fmt: skip
     if report_html is not None:
         lines.append(f"report: {report_html}")

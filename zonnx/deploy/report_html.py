@@ -97,14 +97,26 @@ def _partition_section(data: ReportData, go: Any) -> str:
     part = data.partition
     if not part:
         return "<p>The model was not compiled.</p>"
+    from plotly.subplots import make_subplots
+
     s = part["summary"]
-    fig = go.Figure(go.Pie(labels=["NPU", "CPU"], values=[s["npu_macs"], s["total_macs"] - s["npu_macs"]],
-                           marker={"colors": ["#54a24b", "#bab0ac"]}, sort=False))  # fmt: skip
-    fig.update_layout(
-        title=f"MACs on the NPU: {100 * s['mac_share']:.1f}% ({s['subgraphs']} subgraph(s))", height=320
+    rules = s.get("cpu_by_rule", {})
+    fig = make_subplots(rows=1, cols=2, specs=[[{"type": "domain"}, {"type": "xy"}]],
+                        subplot_titles=["MACs", "CPU nodes by reason"])  # fmt: skip
+    fig.add_trace(go.Pie(labels=["NPU", "CPU"], values=[s["npu_macs"], s["total_macs"] - s["npu_macs"]],
+                         marker={"colors": ["#54a24b", "#bab0ac"]}, sort=False), row=1, col=1)  # fmt: skip
+    fig.add_trace(
+        go.Bar(x=list(rules), y=list(rules.values()), marker_color="#bab0ac", showlegend=False), row=1, col=2
     )
+    fig.update_layout(height=340, title=(
+        f"NPU: {100 * s['mac_share']:.1f}% of known MACs, {s['npu_ops']} of {s['total_ops']} ops "
+        f"in {s['subgraphs']} subgraph(s)"))  # fmt: skip
     rows = [[c["node"], c["rule"], c["reason"]] for c in part["cpu_nodes"]]
-    cpu = _table(rows, ["CPU node", "rule", "reason"]) if rows else "<p>Every node runs on the NPU.</p>"
+    cpu = (
+        f"<details><summary>{len(rows)} CPU node(s) with their reason</summary>"
+        + _table(rows, ["CPU node", "rule", "reason"]) + "</details>"
+        if rows else "<p>Every node runs on the NPU.</p>"
+    )  # fmt: skip
     return _figure_html(fig, "partition-chart") + cpu
 
 

@@ -206,6 +206,8 @@ def run_compile(ctx: StageContext) -> dict[str, Any]:
         "target": compiled.target,
         "subgraphs": partition["summary"]["subgraphs"],
         "mac_share": partition["summary"]["mac_share"],
+        "npu_ops": partition["summary"]["npu_ops"],
+        "total_ops": partition["summary"]["total_ops"],
         "npu_ms": totals["ms"],
         "npu_cycles": totals["cycles"],
         "clock_mhz": profile["hardware"].get("clock_mhz"),
