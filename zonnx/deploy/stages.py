@@ -3,7 +3,7 @@
     source    [model]               -> model.onnx        (convert + numeric check; zoo names and ONNX too)
     optimize  [optimize]            -> model_opt.onnx    (pre-quantization passes, verified, inspected)
     quantize  [quantize], target's  -> model_int8.onnx, calib_stats.npz, model_int8.onnx.report.json
-              quant rules
+              quant rules              (a model already quantized, e.g. TFLite int8, is kept as it is)
     compile   [compile]             -> model_npu.onnx, partition.json, profile.json
     evaluate  [evaluate]            -> evaluate.json     (float / int8 / NPU on the evaluation set)
 
@@ -32,6 +32,9 @@ from zonnx.errors import OptionError
 from zonnx.ir.io import load_proto, save_model, write_bytes_atomic
 
 logger = logging.getLogger(__name__)
+
+#: Below this share of MACs on the NPU the compile stage warns (with the CPU nodes' reasons).
+LOW_NPU_SHARE = 0.5
 
 
 @dataclasses.dataclass
@@ -151,12 +154,28 @@ def _quant_config(ctx: StageContext) -> Any:
     return cfg
 
 
+def _already_quantized(path: Path) -> str:
+    """The quantization format of a model with quantized activations ('' for a float model)."""
+    from zonnx.inspection import inspect_model
+
+    found = inspect_model(path).quantization
+    return found.format if found.format != "none" and found.quantize_nodes else ""
+
+
 def run_quantize(ctx: StageContext) -> dict[str, Any]:
     from zonnx.quantization.api import quantize_static
     from zonnx.quantization.calibration.readers import ListReader
 
     q = ctx.config.sections["quantize"]
     opt, out = ctx.file("model_opt.onnx"), ctx.file("model_int8.onnx")
+    kept = _already_quantized(opt)
+    if kept:
+        logger.warning(
+            "%s: the model is already quantized (%s); kept as it is, not quantized again", opt.name, kept
+        )
+        shutil.copyfile(opt, out)
+        return {"output": "model_int8.onnx", "format": kept, "method": "(the source model's own)",
+                "kept": f"already quantized ({kept}): not quantized again", "layer_report": None}  # fmt: skip
     calib = ctx.config.path("quantize", "calib")
     samples = calibration_samples(calib, ctx.dataset(), ctx.source(), str(opt), int(q["samples"]))
     cfg = _quant_config(ctx)
@@ -201,6 +220,12 @@ def run_compile(ctx: StageContext) -> dict[str, Any]:
     profile = profile_model(ctx.file("model_npu.onnx"), ctx.target()).to_dict()
     write_bytes_atomic(ctx.file("profile.json"), json.dumps(profile, indent=1, default=str).encode())
     totals = profile["totals"]
+    summary = partition["summary"]
+    if summary["mac_share"] < LOW_NPU_SHARE:
+        rules = ", ".join(f"{k} {v}" for k, v in summary["cpu_by_rule"].items())
+        logger.warning("%s: only %.1f%% of the known MACs run on the NPU (CPU nodes by reason: %s); "
+                       "see partition.json or report.html for each node's reason", compiled.target,
+                       100 * summary["mac_share"], rules)  # fmt: skip
     return {
         "output": "model_npu.onnx",
         "target": compiled.target,
