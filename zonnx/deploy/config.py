@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 #: Every section and key with its default ("" = not set). Tables under quantize are free-form.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {"source": "digits_cnn", "input_shape": ""},
+    "model": {"source": "digits_cnn", "input_shape": "", "input_names": [], "output_names": []},
     "optimize": {"opset": 17, "verify": True},
     "quantize": {
         "calib": "", "samples": 64, "method": "", "format": "", "per_channel": "", "activation_type": "",
@@ -49,7 +49,10 @@ out_dir = "out"                  # output folder (relative to this file)
 [model]
 source = "digits_cnn"            # zoo name (digits_cnn, resnet18, ppocr_rec, ...), model.onnx, model.pt,
                                  # model.py:Class (torch), model.keras / SavedModel folder, model.tflite
-# input_shape = "input:1,1,8,8"  # fix dynamic dims while converting (NAME:d0,d1,...;NAME2:...)
+# input_shape = "input:1,1,8,8"  # fix dynamic dims while converting (NAME:d0,d1,...;NAME2:...); a torch
+                                 # model's example input shape
+# input_names = ["input"]        # names of a torch model's exported inputs / outputs
+# output_names = ["logits"]
 
 [optimize]
 opset = 17                       # opset the optimizer upgrades to

@@ -105,7 +105,12 @@ def run_source(ctx: StageContext) -> dict[str, Any]:
 
     src = ctx.source()
     spec = str(zoo.get(src)) if src in zoo.names() else src
-    options = ConvertOptions(input_shapes=_input_shapes(str(ctx.config.get("model", "input_shape"))))
+    m = ctx.config.sections["model"]
+    options = ConvertOptions(
+        input_shapes=_input_shapes(str(m["input_shape"])),
+        input_names=tuple(m["input_names"]),
+        output_names=tuple(m["output_names"]),
+    )
     converted = convert(spec, options)
     save_model(converted.result.model, ctx.file("model.onnx"))
     return {"source": src, "kind": converted.kind, "ops": dict(converted.ops_after), "output": "model.onnx"}
