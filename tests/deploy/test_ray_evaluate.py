@@ -39,3 +39,19 @@ def test_ray_evaluation_matches_in_process(digits_build) -> None:
     for a, b in zip(remote, here, strict=True):
         for oa, ob in zip(a, b, strict=True):
             np.testing.assert_array_equal(oa[0], ob[0])
+
+
+def test_a_ray_address_that_does_not_answer_is_refused_at_once() -> None:
+    import socket
+
+    import pytest
+
+    from zonnx.errors import OptionError
+
+    with socket.socket() as s:  # a free port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(
+        OptionError, match=rf"ray_address ray://127.0.0.1:{port}: no Ray answers there.*backend = \"local\""
+    ):
+        RayExecutor(f"ray://127.0.0.1:{port}")

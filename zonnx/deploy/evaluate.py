@@ -14,6 +14,7 @@ __all__ = ["run_batch", "RayExecutor", "make_executor", "evaluate_models"]
 
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,6 +67,24 @@ def run_batch(task: tuple[str, list[dict[str, np.ndarray]]]) -> list[list[np.nda
     return out
 
 
+#: Seconds to wait for a Ray head to accept a TCP connection (Ray's own client retries for minutes).
+CONNECT_TIMEOUT = 5.0
+
+
+def _check_answers(address: str) -> None:
+    """Refuse at once a ``host:port`` (or ``ray://host:port``) where nothing accepts a connection."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as e:
+        raise OptionError(
+            f"ray_address {address}: no Ray answers there ({e.strerror or e}); start the cluster, fix the "
+            'address, or set [evaluate] backend = "local" to evaluate in process.'
+        ) from None
+
+
 class RayExecutor:
     """Tasks as Ray tasks: on the cluster at ``address``, or on a local Ray started here (``num_cpus``)."""
 
@@ -76,6 +95,8 @@ class RayExecutor:
             raise OptionError("backend ray: Ray is not installed; pip install 'zonnx[ray]'.") from None
         self.ray = ray
         self.started = not ray.is_initialized()
+        if self.started and address:
+            _check_answers(address)
         if self.started:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             try:
