@@ -273,19 +273,30 @@ def run_evaluate(ctx: StageContext) -> dict[str, Any]:
     return result
 
 
-def _copy_free_inputs(ctx: StageContext) -> list[str | Path]:
-    calib = ctx.config.path("quantize", "calib")
-    return [ctx.file("model_opt.onnx"), *([calib] if calib and ".py:" not in calib else [])]
+def _data_input(value: str) -> list[str | Path]:
+    """What a data source's content is: its file or folder, a plugin's .py file, nothing when unset."""
+    if not value:
+        return []
+    return [value.partition(".py:")[0] + ".py"] if ".py:" in value else [value]
+
+
+def _quantize_inputs(ctx: StageContext) -> list[str | Path]:
+    return [ctx.file("model_opt.onnx"), *_data_input(ctx.config.path("quantize", "calib"))]
+
+
+def _evaluate_inputs(ctx: StageContext) -> list[str | Path]:
+    models = [ctx.file(f) for f in ("model.onnx", "model_int8.onnx", "model_npu.onnx")]
+    return models + _data_input(ctx.dataset())
 
 
 STAGES: tuple[Stage, ...] = (
     Stage("source", ("model",), _source_inputs, ("model.onnx",), run_source),
     Stage("optimize", ("optimize",), lambda c: [c.file("model.onnx")], ("model_opt.onnx",), run_optimize),
-    Stage("quantize", ("quantize",), _copy_free_inputs, ("model_int8.onnx",), run_quantize,
+    Stage("quantize", ("quantize",), _quantize_inputs, ("model_int8.onnx",), run_quantize,
           extra_key=lambda c: _quant_rules_digest(c) + c.dataset() + c.source()),
     Stage("compile", ("compile",), lambda c: [c.file("model_int8.onnx"), *_target_file(c)],
           ("model_npu.onnx", "partition.json", "profile.json"), run_compile),
-    Stage("evaluate", ("evaluate",), lambda c: [c.file(f) for f in ("model.onnx", "model_int8.onnx", "model_npu.onnx")],
+    Stage("evaluate", ("evaluate",), _evaluate_inputs,
           ("evaluate.json",), run_evaluate, extra_key=lambda c: c.dataset() + c.source()),
 )  # fmt: skip
 
