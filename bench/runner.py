@@ -282,6 +282,11 @@ REGISTRY: dict[str, Benchmark] = {
     b.name: b
     for b in [
         Benchmark(
+            "ray_evaluate",
+            "bench.bench_ray_evaluate:bench_ray_evaluate",
+            "build evaluation (PP-OCRv4 rec, zhouyi-x2 NPU): 2 local Ray workers vs in process",
+        ),
+        Benchmark(
             "smooth_quant",
             "bench.bench_smooth_quant:bench_smooth_quant",
             "SmoothQuant on the BERT zoo encoder: int8 embedding cosine with and without it",

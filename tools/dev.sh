@@ -36,11 +36,23 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The report test renders report.html in Debian's chromium, driven by Playwright (pinned in the dev extra)
+# with executable_path: no browser is downloaded. Installed from Debian when missing (root or sudo).
+setup_report_browser() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  echo "installing Debian's chromium (tests/deploy renders report.html in it)" >&2
+  local sudo_=""
+  [ "$(id -u)" -eq 0 ] || sudo_="sudo"
+  $sudo_ apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq chromium >/dev/null
+}
+
 case "$job" in
   build)
     exec "$venv/bin/zonnx" build "$@"
     ;;
   test)
+    setup_report_browser
     "$venv/bin/ruff" check .
     set +e
     "$venv/bin/python" -m pytest -q "$@"

@@ -28,6 +28,9 @@ from zonnx.passes.report import pipeline_report_dict, render_pipeline_report
 from zonnx.paths import refuse_overwrites
 from zonnx.verify import compare_outputs, run_ort
 
+#: Calibration samples a user's model (outside the zoo) is evaluated on, NPU and fake-quant vs float.
+NPU_EVAL_SAMPLES = 16
+
 
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:
@@ -114,7 +117,13 @@ def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console
     report.stages["host"] = {"isa": host.isa, "u8s8_exact": host.u8s8_exact, "integer_path": host.path}
     console.print(f"host: {host.describe()}", markup=False)
     console.print(compiled["partition"], markup=False, highlight=False)
-    result = npu_evaluation(options.model, session, optimized, quant_path)
+    feeds = None
+    if options.model not in zoo.names():  # a user's model: its calibration samples (issue 11, item 17)
+        from zonnx.quantization.search.run import read_feeds
+
+        feeds = read_feeds(calibration_feeds(options.model, options.calib, load_proto(optimized)), "--calib")
+        feeds = feeds[:NPU_EVAL_SAMPLES]
+    result = npu_evaluation(options.model, session, optimized, quant_path, feeds)
     report.stages["npu"] = result
     console.print(
         "npu: "
@@ -166,6 +175,7 @@ def _output_paths(options: BuildOptions, stem: str) -> dict[str, Path]:
         tag = load_target(options.target).name  # fails on an unknown target before any work
         quant = out / f"{stem}.{tag}.q.onnx"
         paths.update({"quantized model": quant, "quantization report": Path(f"{quant}.report.json"),
+                      "report.html": out / "report.html",
                       "compiled model": out / f"{quant.stem}.{tag}.onnx"})  # fmt: skip
     return paths
 
@@ -218,4 +228,21 @@ def _run_build(options: BuildOptions, console: Console) -> BuildReport:
     report_path = outputs["report.json"]
     write_bytes_atomic(report_path, report.to_json().encode())
     console.print(f"wrote {optimized_path} and {report_path}", markup=False)
+    if options.target is not None:
+        _html_and_summary(options, report, outputs["report.html"], console)
     return report
+
+
+def _html_and_summary(options: BuildOptions, report: BuildReport, html: Path, console: Console) -> None:
+    """report.html, then the closing summary: accuracy float / int8 / NPU, NPU MAC share, latency, page."""
+    from zonnx.deploy.cli_report import cli_summary, report_from_stages
+    from zonnx.deploy.report_html import write_report
+
+    shown = {k: str(v) for k, v in dataclasses.asdict(options).items()}
+    data = report_from_stages(
+        report.stages, f"zonnx build {options.model} for {options.target}", json.dumps(shown, indent=1)
+    )
+    write_report(html, data)
+    console.rule("[bold]summary[/]")
+    for line in cli_summary(data, html):
+        console.print(line, markup=False, highlight=False)

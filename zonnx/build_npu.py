@@ -120,8 +120,15 @@ def compile_and_run(quantized: Path, out_dir: Path, target_name: str) -> tuple[A
     return session, {"compiled": str(compiled_path), "partition": compiled.report()}
 
 
-def npu_evaluation(model_name: str, session: Any, float_path: Path, quant_path: Path) -> dict[str, Any]:
-    """Digits: top-1 of float, fake-quantized and NPU models; other zoo models: NPU vs float cosine."""
+def npu_evaluation(
+    model_name: str,
+    session: Any,
+    float_path: Path,
+    quant_path: Path,
+    feeds: list[dict[str, np.ndarray]] | None = None,
+) -> dict[str, Any]:
+    """Digits: top-1 of float, fake-quantized and NPU models; other zoo models: NPU vs float cosine; any
+    other model: fake-quantized and NPU outputs vs float (cosine) on ``feeds`` (its calibration samples)."""
     from zonnx.verify import compare_outputs, run_ort
 
     if model_name == "digits_cnn":
@@ -135,11 +142,28 @@ def npu_evaluation(model_name: str, session: Any, float_path: Path, quant_path: 
             "quantized_top1": evaluate_top1(quant_path, x, y),
             "npu_top1": float((npu.argmax(axis=1) == y).mean()),
         }
-    if model_name not in zoo.names():
-        return {}
-    cosines = []
-    for feeds in zoo.sample_inputs(model_name, 4, seed=7):
-        names = [o.name for o in session.get_outputs()]
-        npu = dict(zip(names, session.run(None, feeds), strict=True))
-        cosines += [d.cosine for d in compare_outputs(run_ort(onnx.load(float_path), feeds), npu)]
-    return {"task": "NPU outputs vs float on sample inputs", "min_cosine": min(cosines)}
+    names = [o.name for o in session.get_outputs()]
+    if model_name in zoo.names():
+        cosines = []
+        for sample in zoo.sample_inputs(model_name, 4, seed=7):
+            npu = dict(zip(names, session.run(None, sample), strict=True))
+            cosines += [d.cosine for d in compare_outputs(run_ort(onnx.load(float_path), sample), npu)]
+        return {"task": "NPU outputs vs float on sample inputs", "min_cosine": min(cosines)}
+    if not feeds:
+        raise OptionError(
+            f"{model_name}: no samples to evaluate the NPU on; give calibration data with --calib."
+        )
+    float_model, quant_model = onnx.load(float_path), onnx.load(quant_path)
+    npu_cos, quant_cos = [], []
+    for sample in feeds:
+        reference = run_ort(float_model, sample)
+        npu = dict(zip(names, session.run(None, sample), strict=True))
+        npu_cos.append(min(d.cosine for d in compare_outputs(reference, npu)))
+        quant_cos.append(min(d.cosine for d in compare_outputs(reference, run_ort(quant_model, sample))))
+    return {
+        "task": "NPU and fake-quantized outputs vs float on calibration samples (no labelled set)",
+        "samples": len(feeds),
+        "quantized_cosine": float(np.mean(quant_cos)),
+        "npu_cosine": float(np.mean(npu_cos)),
+        "min_npu_cosine": float(min(npu_cos)),
+    }

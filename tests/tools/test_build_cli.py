@@ -36,6 +36,12 @@ def test_build_default_model(tmp_path: Path) -> None:
     assert report["stages"]["quantize"]["format"] == "FixNeuron"
     assert "dpu-b4096: 1 NPU subgraph(s)" in proc.stdout
     assert (tmp_path / "digits_cnn.dpu-b4096.q.onnx").is_file()
+    # the closing summary (README's first command) and the self-contained page
+    summary = proc.stdout.rsplit("summary", 1)[1]
+    top1 = f"float {npu['float_top1']:.4f} / int8 {npu['quantized_top1']:.4f} / NPU {npu['npu_top1']:.4f}"
+    assert top1 in summary and "100.0% of the model's known MACs on the NPU" in summary
+    assert "estimated NPU latency: 0.0" in summary and f"report: {tmp_path / 'report.html'}" in summary
+    assert "plotly" in (tmp_path / "report.html").read_text()
 
 
 @pytest.mark.parametrize("target", ["bm1684x", "zhouyi-x2"])
@@ -96,3 +102,37 @@ def test_failed_build_leaves_no_folder_and_hints_real_flags(tmp_path: Path) -> N
         run_cli("build", str(zoo.get("digits_cnn")), "-o", str(kept), "--no-verify"), "--calib"
     )
     assert [p.name for p in kept.iterdir()] == ["mine.txt"]
+
+
+def test_build_a_users_model_evaluates_its_npu(tmp_path: Path) -> None:
+    """Issue 11, item 17: a model outside the zoo gets its NPU (and fake-quant) outputs scored against float."""
+    import numpy as np
+
+    from zonnx.zoo.digits import digits_data
+
+    src = tmp_path / "mine.onnx"
+    src.write_bytes(zoo.get("digits_cnn").read_bytes())
+    x, _ = digits_data("calib")
+    np.savez(tmp_path / "calib.npz", input=x[:24])
+    out = tmp_path / "out"
+    proc = run_cli(
+        "build", str(src), "--calib", str(tmp_path / "calib.npz"), "-o", str(out), "--no-verify", check=True
+    )
+    npu = json.loads((out / "report.json").read_text())["stages"]["npu"]
+    assert npu["samples"] == 16 and npu["npu_cosine"] >= 0.99 and npu["quantized_cosine"] >= 0.99
+    assert npu["min_npu_cosine"] <= npu["npu_cosine"]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("npu: "))
+    assert "npu_cosine=0.99" in line or "npu_cosine=1.0" in line
+    assert "accuracy: cosine to float, float 1.0000" in proc.stdout and (out / "report.html").is_file()
+
+
+def test_build_init_and_config_errors(tmp_path: Path) -> None:
+    run_cli("build", "--init", cwd=str(tmp_path), check=True)
+    text = (tmp_path / "build.toml").read_text()
+    assert "[quantize]" in text and 'target = "dpu-b4096"' in text
+    assert_one_line_error(run_cli("build", "--init", cwd=str(tmp_path)), "build.toml: already exists")
+    (tmp_path / "bad.toml").write_text('[model]\nsource = "digits_cnn"\n[compile]\ntarget_name = "x"\n')
+    assert_one_line_error(
+        run_cli("build", str(tmp_path / "bad.toml")), "unknown key 'target_name'", "'target'"
+    )
+    assert_one_line_error(run_cli("build", "--only", "compile"), "go with a build config")

@@ -1,0 +1,53 @@
+"""Datasets and the label metric of the config build: built-ins, plugins, and the errors they give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zonnx import zoo
+from zonnx.deploy.data import LabelAccuracy, calibration_samples, eval_samples, make_metric
+from zonnx.errors import MetricError, OptionError
+
+
+def test_label_accuracy_counts_rows() -> None:
+    m = LabelAccuracy()
+    logits = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]], np.float32)
+    m.update([logits], [logits], {"label": np.array([1, 1, 1])})
+    assert m.result() == pytest.approx(2 / 3)
+    with pytest.raises(MetricError, match="no 'label' array"):
+        LabelAccuracy().update([logits], [logits], {})
+
+
+def test_digits_samples_carry_labels_and_calibration_never_uses_them() -> None:
+    model = str(zoo.get("digits_cnn"))
+    samples = eval_samples("digits", "digits_cnn", model, 20)
+    assert len(samples) == 20 and set(samples[0]) == {"input", "label"}
+    calib = calibration_samples("", "digits", "digits_cnn", model, 8)
+    assert len(calib) == 8 and set(calib[0]) == {"input"}
+    assert not any(np.array_equal(c["input"], s["input"]) for c in calib for s in samples)
+    metric = make_metric("accuracy", model)
+    assert isinstance(metric, LabelAccuracy)
+
+
+def test_a_dataset_plugin_and_its_errors_name_the_file_and_line(tmp_path: Path) -> None:
+    model = str(zoo.get("digits_cnn"))
+    plugin = tmp_path / "data.py"
+    plugin.write_text(
+        "import numpy as np\n"
+        "def good(model_path, n):\n"
+        "    return [{'input': np.zeros((1, 1, 8, 8), np.float32)} for _ in range(n)]\n"
+        "def bad(model_path, n):\n"
+        "    raise ValueError('no images here')\n"
+        "def wrong(model_path, n):\n"
+        "    return [{'image': np.zeros((1, 8, 8), np.float32)}]\n"
+    )
+    assert len(eval_samples(f"{tmp_path}/data.py:good", "x", model, 3)) == 3
+    with pytest.raises(OptionError, match=rf"dataset plugin {plugin}:5: raised ValueError: no images here"):
+        eval_samples(f"{tmp_path}/data.py:bad", "x", model, 3)
+    with pytest.raises(OptionError, match="no array for model input 'input'"):
+        eval_samples(f"{tmp_path}/data.py:wrong", "x", model, 3)
+    with pytest.raises(OptionError, match="has no 'missing'"):
+        eval_samples(f"{tmp_path}/data.py:missing", "x", model, 3)

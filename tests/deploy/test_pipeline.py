@@ -1,0 +1,103 @@
+"""``zonnx build build.toml``: stages, the content-hash cache, --from/--only, bad configs, failing stages."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.conftest import build, write_config
+from zonnx.backend.targets import load_target
+from zonnx.deploy import EXAMPLE, config_from_dict, load_build_config
+from zonnx.errors import OptionError
+
+ALL = ["source", "optimize", "quantize", "compile", "evaluate", "report"]
+
+
+def test_cache_skips_unchanged_stages_and_a_target_edit_only_recompiles(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    first = build(path)
+    assert first.executed == ALL and first.skipped == []
+    out = tmp_path / "out"
+    for name in ("model.onnx", "model_opt.onnx", "model_int8.onnx", "calib_stats.npz", "model_npu.onnx",
+                 "report.json", "report.html"):  # fmt: skip
+        assert (out / name).is_file(), name
+    scores = first.results["evaluate"]["scores"]
+    assert first.results["evaluate"]["samples"] == 100
+    assert scores["float"] >= 0.95 and scores["npu"] >= scores["float"] - 0.02
+
+    again = build(path)
+    assert again.executed == ["report"] and again.skipped == ALL[:-1]
+
+    # the same quantization rules with other hardware numbers: recompile, no recalibration
+    mine = tmp_path / "my-dpu.toml"
+    text = Path(load_target("dpu-b4096").path).read_text()
+    clock = tomllib.loads(text)["hardware"]["clock_mhz"]
+    mine.write_text(text.replace('name = "dpu-b4096"', 'name = "my-dpu"').replace(
+        f"clock_mhz = {clock}", f"clock_mhz = {clock * 2}", 1))  # fmt: skip
+    assert tomllib.loads(mine.read_text())["hardware"]["clock_mhz"] == clock * 2
+    path.write_text(path.read_text().replace('target = "dpu-b4096"', 'target = "my-dpu.toml"'))
+    retarget = build(path)
+    assert "quantize" in retarget.skipped and "compile" in retarget.executed
+    compiled = retarget.results["compile"]
+    assert compiled["target"] == "my-dpu" and compiled["clock_mhz"] == 2 * clock
+    # compute cycles take half the time; DDR traffic, at the same bandwidth, costs more cycles
+    assert first.results["compile"]["npu_ms"] / 2 < compiled["npu_ms"] < first.results["compile"]["npu_ms"]
+
+    # another quantization scheme: the quantize stage runs again
+    path.write_text(path.read_text().replace('target = "my-dpu.toml"', 'target = "bm1684x"'))
+    scheme = build(path)
+    assert scheme.executed == ALL[2:] and scheme.results["quantize"]["format"] == "QDQ"
+
+    assert build(path, from_stage="compile").executed == ["compile", "evaluate", "report"]
+    assert build(path, only="evaluate").executed == ["evaluate"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["stages"]["compile"]["target"] == "bm1684x" and report["error"] is None
+
+
+def test_a_failing_stage_keeps_earlier_artifacts_and_writes_the_report(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.npz"
+    import numpy as np
+
+    np.savez(bad, input=np.zeros((4, 8, 8), np.float32))  # rank 3: the model takes [N, 1, 8, 8]
+    path = write_config(tmp_path)
+    text = path.read_text().replace('dataset = "digits"', 'dataset = "bad.npz"').replace(
+        "[evaluate]", '[evaluate]\nmetric = "cosine"')  # fmt: skip
+    path.write_text(text)
+    with pytest.raises(OptionError, match=r"bad.npz: input 'input' has shape \[1, 8, 8\]"):
+        build(path)
+    out = tmp_path / "out"
+    assert (out / "model_npu.onnx").is_file() and not (out / "evaluate.json").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["error"].startswith("stage evaluate failed") and "compile" in report["stages"]
+    assert "stage evaluate failed" in (out / "report.html").read_text()
+
+
+def test_bad_configs_say_what_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match=r"\[compile\] unknown key 'taget'. Did you mean 'target'\?"):
+        config_from_dict({"model": {}, "compile": {"taget": "x"}}, tmp_path)
+    with pytest.raises(OptionError, match=r"unknown section \[evaluat\]. Did you mean 'evaluate'\?"):
+        config_from_dict({"model": {}, "evaluat": {}}, tmp_path)
+    (tmp_path / "a.toml").write_text("[compile]\ntarget = 'bm1684x'\n")
+    with pytest.raises(OptionError, match=r"a.toml: no \[model\] section"):
+        load_build_config(tmp_path / "a.toml")
+    with pytest.raises(OptionError, match="config file not found"):
+        load_build_config(tmp_path / "none.toml")
+    path = write_config(tmp_path / "b")
+    path.write_text(path.read_text().replace('source = "digits_cnn"', 'source = "nope.onnx"'))
+    with pytest.raises(OptionError, match=r"source .*nope.onnx: no such file"):
+        build(path)
+    with pytest.raises(OptionError, match=r"--from compil: no such stage. Did you mean 'compile'\?"):
+        build(path, from_stage="compil")
+
+
+def test_the_example_config_is_valid_and_documents_every_section(tmp_path: Path) -> None:
+    (tmp_path / "build.toml").write_text(EXAMPLE)
+    config = load_build_config(tmp_path / "build.toml")
+    assert config.get("compile", "target") == "dpu-b4096" and config.get("evaluate", "metric") == "accuracy"
+    assert config.out_dir == tmp_path / "out"
+    assert all(
+        f"[{s}]" in EXAMPLE for s in ("model", "optimize", "quantize", "compile", "evaluate", "report")
+    )
