@@ -62,7 +62,7 @@ from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
 from zonnx.hostcpu import int_path
-from zonnx.ir.io import check_structure, load_proto
+from zonnx.ir.io import check_external_files, check_structure, load_proto
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,8 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
         raise ModelLoadError(f"{where}: not a valid ONNX model (the protobuf does not parse).") from None
     if not model.HasField("graph"):
         raise ModelLoadError(f"{where}: not an ONNX model (no graph).")
+    if where != "model":  # read from a file: its external data must sit beside it
+        check_external_files(model, Path(where).parent, where)
     check_structure(model, where, order=True)
     return model
 

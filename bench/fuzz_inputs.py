@@ -17,7 +17,7 @@ The CI runs a fixed slice (``tests/bench/test_fuzz_slice.py``); the full figure 
 
 from __future__ import annotations
 
-__all__ = ["CaseResult", "FuzzSummary", "make_seeds", "plan_case", "run_fuzz", "main"]
+__all__ = ["CaseResult", "CliWorker", "FuzzSummary", "make_seeds", "plan_case", "run_fuzz", "main"]
 
 import argparse
 import dataclasses
@@ -137,7 +137,7 @@ def _digests(paths: dict[str, Path]) -> dict[str, str]:
     return {key: hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else "" for key, p in paths.items()}
 
 
-class _Worker:
+class CliWorker:
     """One ``bench.fuzz_worker`` process; restarted after a hang."""
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -221,7 +221,7 @@ def run_fuzz(
     summary, lock = FuzzSummary(), threading.Lock()
 
     def work() -> None:
-        worker = _Worker(env)
+        worker = CliWorker(env)
         try:
             while True:
                 with lock:

@@ -135,7 +135,7 @@ def _miswired(folder: Path, case: str) -> Path:
     [
         ("dangling", "reads 'ghost', which no node, input or initializer produces"),
         ("unsorted", "node 'late' (Relu) reads 't' before node 'early' writes it"),
-        ("cycle", "node 'a' (Add) reads 'u' before node 'b' writes it"),
+        ("cycle", "node 'a' (Add) depends on its own output through a cycle"),
         ("no_writer", "graph output 'y' is produced by no node"),
     ],
 )

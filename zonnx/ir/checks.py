@@ -8,6 +8,8 @@ an attribute of the wrong type, a second writer of a tensor, or a read of a tens
 from __future__ import annotations
 
 __all__ = [
+    "MIN_OPSET",
+    "check_header",
     "check_names",
     "check_single_writers",
     "check_wiring",
@@ -22,7 +24,10 @@ import onnx
 import onnx.defs
 import onnx.helper
 
-from zonnx.errors import ModelLoadError
+from zonnx.errors import ModelLoadError, UnsupportedModelError
+
+#: Oldest default-domain opset the opset upgrade can start from.
+MIN_OPSET = 7
 
 #: Element types an initializer may have (every TensorProto.DataType but UNDEFINED).
 _KNOWN_TYPES = frozenset(v for v in onnx.TensorProto.DataType.values() if v != onnx.TensorProto.UNDEFINED)
@@ -33,6 +38,34 @@ _PACKED_4BIT = frozenset(
     if hasattr(onnx.TensorProto, name)
 )
 _COMPLEX = frozenset((onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128))
+
+
+def check_header(model: onnx.ModelProto, where: str) -> None:
+    """The model has an IR version, a graph and opset imports, and versions this onnx build can represent
+    (IR and default-domain opset not newer than onnx's, opset not older than ``MIN_OPSET``)."""
+    if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
+        raise ModelLoadError(
+            f"{where}: not an ONNX model (no IR version, graph or opset import found); "
+            "give a file written by an ONNX exporter."
+        )
+    newest_ir = onnx.IR_VERSION
+    if model.ir_version > newest_ir:
+        raise UnsupportedModelError(
+            f"{where}: IR version {model.ir_version} is newer than onnx {onnx.__version__} understands "
+            f"(at most {newest_ir}); re-export it with an older exporter setting."
+        )
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    newest_opset = onnx.defs.onnx_opset_version()
+    if opset > newest_opset:
+        raise UnsupportedModelError(
+            f"{where}: opset {opset} is newer than supported (at most {newest_opset}); "
+            f"re-export it at opset {newest_opset} or lower."
+        )
+    if 0 < opset < MIN_OPSET:
+        raise UnsupportedModelError(
+            f"{where}: opset {opset} is too old (zonnx handles opset {MIN_OPSET} and newer); "
+            "re-export the model from its source framework at a newer opset."
+        )
 
 
 def _bad_text(value: object) -> bool:
@@ -154,6 +187,33 @@ def check_wiring(model: onnx.ModelProto, where: str, *, order: bool = True) -> N
             raise ModelLoadError(
                 f"{where}: graph output {v.name!r} is produced by no node; the input model is invalid."
             )
+    if not order:
+        _check_acyclic(g, where)
+
+
+def _check_acyclic(g: onnx.GraphProto, where: str) -> None:
+    """The nodes can be put in topological order (Kahn's algorithm); otherwise name a node of the cycle."""
+    writer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+    waiting = [len({writer[x] for x in n.input if x in writer}) for n in g.node]
+    readers: dict[int, list[int]] = {}
+    for i, n in enumerate(g.node):
+        for j in {writer[x] for x in n.input if x in writer}:
+            readers.setdefault(j, []).append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    done = 0
+    while ready:
+        i = ready.pop()
+        done += 1
+        for j in readers.get(i, []):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    if done < len(g.node):
+        i = next(i for i, count in enumerate(waiting) if count > 0)
+        raise ModelLoadError(
+            f"{where}: {_label(g.node[i], i)} depends on its own output through a cycle; an ONNX graph is "
+            "acyclic: the input model is invalid: re-export it."
+        )
 
 
 def _label(node: onnx.NodeProto, index: int) -> str:
@@ -288,7 +348,9 @@ def check_attributes(model: onnx.ModelProto, where: str) -> None:
 
 
 def check_structure(model: onnx.ModelProto, where: str, *, order: bool = False) -> None:
-    """Every check above, in the order a corrupt file is best explained (names first, wiring last)."""
+    """Every check above, in the order a corrupt file is best explained (header and names first, wiring
+    last)."""
+    check_header(model, where)
     check_names(model, where)
     check_single_writers(model, where)
     check_tensors(model, where)

@@ -15,6 +15,7 @@ __all__ = [
     "write_bytes_atomic",
     "current_umask",
     "external_data_locations",
+    "check_external_files",
     "check_names",
     "check_single_writers",
     "check_wiring",
@@ -36,16 +37,21 @@ import onnx.external_data_helper
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from zonnx.errors import ModelLoadError, ModelSaveError, UnsupportedModelError
+from zonnx.errors import ModelLoadError, ModelSaveError
 from zonnx.faults import kill_point
-from zonnx.ir.checks import check_names, check_single_writers, check_structure, check_tensors, check_wiring
+from zonnx.ir.checks import (
+    MIN_OPSET,
+    check_names,
+    check_single_writers,
+    check_structure,
+    check_tensors,
+    check_wiring,
+)
 
 logger = logging.getLogger(__name__)
 
 #: onnxruntime 1.31 refuses IR version 14 ("Unsupported model IR version"); every save clamps to this.
 MAX_IR_VERSION = 13
-#: Oldest default-domain opset the opset upgrade can start from.
-MIN_OPSET = 7
 #: Above this many bytes of tensor data a model is saved with external data (protobuf's limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
@@ -62,28 +68,6 @@ def default_opset(model: onnx.ModelProto | ir.Model) -> int:
     return 0
 
 
-def _check_versions(model: onnx.ModelProto, where: str) -> None:
-    """Refuse models whose IR or opset version this onnx build cannot represent."""
-    newest_ir = onnx.IR_VERSION
-    if model.ir_version > newest_ir:
-        raise UnsupportedModelError(
-            f"{where}: IR version {model.ir_version} is newer than onnx {onnx.__version__} understands "
-            f"(at most {newest_ir}); re-export it with an older exporter setting."
-        )
-    opset = default_opset(model)
-    newest_opset = onnx.defs.onnx_opset_version()
-    if opset > newest_opset:
-        raise UnsupportedModelError(
-            f"{where}: opset {opset} is newer than supported (at most {newest_opset}); "
-            f"re-export it at opset {newest_opset} or lower."
-        )
-    if 0 < opset < MIN_OPSET:
-        raise UnsupportedModelError(
-            f"{where}: opset {opset} is too old (zonnx handles opset {MIN_OPSET} and newer); "
-            "re-export the model from its source framework at a newer opset."
-        )
-
-
 def external_data_locations(model: onnx.ModelProto) -> set[str]:
     """The external-data file names (relative to the model's folder) that the model's tensors refer to."""
     return {
@@ -93,9 +77,15 @@ def external_data_locations(model: onnx.ModelProto) -> set[str]:
     }
 
 
-def _missing_external_files(model: onnx.ModelProto, base_dir: Path) -> list[str]:
-    """List external-data files the model refers to that do not exist next to it."""
-    return sorted(loc for loc in external_data_locations(model) if not (base_dir / loc).is_file())
+def check_external_files(model: onnx.ModelProto, base_dir: Path, where: str) -> None:
+    """Every external-data file the model's tensors refer to exists in ``base_dir``, else a ModelLoadError
+    naming the missing files."""
+    missing = sorted(loc for loc in external_data_locations(model) if not (base_dir / loc).is_file())
+    if missing:
+        raise ModelLoadError(
+            f"{where}: external data file(s) {', '.join(missing)} not found next to the model; "
+            "copy them into the model's folder."
+        )
 
 
 def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
@@ -119,20 +109,9 @@ def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True)
             f"{p}: not a valid ONNX model (the protobuf data does not parse: truncated or not ONNX); "
             "re-export or re-download it."
         ) from None
-    if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
-        raise ModelLoadError(
-            f"{p}: not an ONNX model (no IR version, graph or opset import found); "
-            "give a file written by an ONNX exporter."
-        )
-    _check_versions(model, str(p))
     check_structure(model, str(p))
-    if load_external_data:
-        missing = _missing_external_files(model, p.parent)
-        if missing:
-            raise ModelLoadError(
-                f"{p}: external data file(s) {', '.join(missing)} not found next to the model; "
-                "copy them into the model's folder."
-            )
+    if load_external_data:  # without it (inspect) missing files are the caller's note, not an error
+        check_external_files(model, p.parent, str(p))
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as e:
