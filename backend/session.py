@@ -216,7 +216,12 @@ class InferenceSession:
                     f"it on {target_name}."
                 )
             if target_name != load_target(opts.target).name:
-                logger.warning("%s: a model compiled for %s; it runs on %s", where, target_name, target_name)
+                logger.info(
+                    "%s: compiled for %s; it runs on %s (no target option given)",
+                    where,
+                    target_name,
+                    target_name,
+                )
             self._build(compiled, None, mode, where)
             self._check_coverage(where)
             return

@@ -12,7 +12,8 @@ NPU and CPU parts depend on each other in a cycle. The check is a search from th
 successors, bounded by the set's last topological position. Cost decides small groups: a group with
 fewer than ``min_nodes`` ops (nodes other than quantizers and constants) goes back to the CPU with the
 reason "subgraph of N ops and K MACs is below the minimum M ops / C MACs" unless it carries at least
-``min_macs`` MACs (default ``MIN_MACS``, 1M: one large convolution is worth the round trip to the NPU).
+``min_macs`` MACs (default ``MIN_MACS``, 1M: one large convolution is worth the round trip to the NPU;
+0 turns the cost rule off).
 
 Boundaries. An NPU subgraph reads and writes integer tensors: it contains the DequantizeLinear nodes of
 its inputs and the QuantizeLinear nodes of its outputs, so ``inputs`` are QuantizeLinear outputs (the
@@ -213,7 +214,7 @@ def partition(
     for root in roots:
         n_ops = sum(unit_ops[u] for u in groups.members[root])
         n_macs = sum(unit_macs[u] for u in groups.members[root])
-        if n_ops < min_nodes and n_macs < min_macs:
+        if n_ops < min_nodes and not (min_macs and n_macs >= min_macs):
             for u in groups.members[root]:
                 reasons[u] = (
                     "min_nodes",
@@ -233,6 +234,9 @@ def partition(
             if value.is_graph_output():
                 found.add(CPU)
             for reader in value.consumers():
+                if reader.graph is not model.graph:  # read inside an If/Loop body: the CPU node owns it
+                    found.add(CPU)
+                    continue
                 found |= parts_of(reader, depth + 1) if depth < 8 else {CPU}
         return found
 
@@ -283,7 +287,8 @@ def _assemble(model, capability, keys, nodes, placed, unit_of, reasons, count, m
                 continue  # a copy: each part reads its own
             for value in node.outputs:
                 leaves = value.is_graph_output() or any(
-                    (placed[c] - {i}) if c not in unit_of else placed[c] != {i} for c in value.consumers()
+                    (placed.get(c, {CPU}) - {i}) if c not in unit_of else placed[c] != {i}
+                    for c in value.consumers()
                 )
                 if leaves and value.name and value.name not in outputs:
                     outputs.append(value.name)
