@@ -119,6 +119,9 @@ class PReluSlopePass(RefinePass):
             model.graph.insert_before(node, new)
             node.replace_input_with(1, new.outputs[0])
             done[slope] = new.outputs[0]
+        for slope in done:  # the codes replace a float slope nothing else reads
+            if not slope.uses() and slope.name in model.graph.initializers and not slope.is_graph_output():
+                del model.graph.initializers[slope.name]
             changes.add("PRelu slope quantized")
 
 
