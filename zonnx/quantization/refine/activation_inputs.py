@@ -14,7 +14,9 @@ the op's output). When the target cannot fuse that activation into that op (zhou
 fuses none) but runs it as an op of its own, the op's output gets a copy of the activation's output
 quantizer (scale s, zero point z). This is exact whenever 0 is on the grid (``qmin <= z <= qmax``) and
 the activation is ``Relu`` or ``Clip(0, hi)``: for x < 0 both ``Relu(Q(x))`` and ``Q(Relu(x))`` are 0;
-for x >= 0 the rounding is the same; the upper clamp is the grid's in both orders.
+for x >= 0 the rounding is the same; the upper clamp is the grid's in both orders. The same copy is
+made, always exactly, when the op's float output only passes through a data-movement op (Flatten,
+Reshape, Transpose, Squeeze, Unsqueeze) to a quantizer: such ops commute with quantization.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ import onnx_ir as ir
 from zonnx.custom_ops import ZONNX_DOMAIN
 from zonnx.passes.base import Changes
 from zonnx.passes.fusion.matching import const_array, label
-from zonnx.quantization.refine.base import RefinePass, fused_activations
+from zonnx.quantization.refine.base import RefinePass, fused_activations, is_float
 from zonnx.quantization.refine.positions import QuantGraph, Quantizer
 
 logger = logging.getLogger(__name__)
 
 _ONNX = ("", "ai.onnx")
 _CLAMPS = frozenset({"Relu", "Clip"})
+#: Ops that only move values: quantizing before them equals quantizing after them.
+_MOVES = frozenset({"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
 
 
 def _supports(target, op_type: str) -> bool:
@@ -155,6 +159,8 @@ class UnfusedActivationPass(RefinePass):
             if len(users) != 1 or value.is_graph_output() or graph.site(value) is not None:
                 continue
             act = users[0]
+            if not is_float(value) or not act.inputs or act.inputs[0] is not value:
+                continue  # shape operands (Reshape's int64 shape) and non-data inputs stay as they are
             if act.domain not in _ONNX or act.op_type in fused_activations(self.target, node.op_type):
                 continue
             if not self.target.ops_for(act.op_type):
@@ -162,7 +168,7 @@ class UnfusedActivationPass(RefinePass):
             site = graph.site(act.outputs[0])
             if site is None:
                 continue
-            if act.op_type not in _CLAMPS or not _clip_from_zero(act):
+            if act.op_type not in _MOVES and (act.op_type not in _CLAMPS or not _clip_from_zero(act)):
                 # the NPU partition names this pair (rule activation); no exact split exists
                 logger.debug("%s after %s: not a Relu/Clip(0, hi); left fused", label(act), label(node))
                 continue
@@ -174,6 +180,7 @@ class UnfusedActivationPass(RefinePass):
             out = _copy_quantizer(model.graph, quantizer, value, act)
             act.replace_input_with(0, out)
             changes.add(f"{node.op_type} -> {act.op_type} split by a quantizer")
+        # a later sweep finds nothing new: every split value now has its own site
 
 
 def _clip_from_zero(node: ir.Node) -> bool:
