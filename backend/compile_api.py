@@ -201,13 +201,20 @@ def compile_model(
     part = partition(ir_model, capability, min_nodes=min_nodes, min_macs=min_macs)
     _fixneuron_boundaries(proto, part)
     programs: list[Program] = []
+    dynamic_inputs = [n for n in capability.notes if n.startswith("input ")] if not input_shapes else []
     index = 0
     while index < len(part.subgraphs):
         sub = part.subgraphs[index]
         try:
             programs.append(compile_subgraph(proto, sub.node_names, sub.inputs, sub.outputs, tgt))
         except CompileError as e:
-            logger.warning("subgraph %d stays on the CPU: %s", sub.id, e)
+            hint = ""
+            if dynamic_inputs:
+                hint = (
+                    f" The model has dynamic input dims ({'; '.join(dynamic_inputs[:2])}): fixing them with "
+                    "--input-shape NAME:DIMS (provider option input_shapes) folds shape arithmetic to constants."
+                )
+            logger.warning("subgraph %d stays on the CPU: %s%s", sub.id, e, hint)
             _drop(part, index, f"compile: {e}")
             continue
         index += 1

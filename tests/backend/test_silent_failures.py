@@ -230,7 +230,7 @@ def test_lowered_graph_has_no_unused_initializers(r18_zhouyi: Path) -> None:
 
 
 # -- item 13: compile --input-shape fixes dims and folds the shape arithmetic -----------------------
-def test_compile_input_shape_folds_shape_arithmetic(tmp_path: Path) -> None:
+def test_compile_input_shape_folds_shape_arithmetic(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import torch
 
     class Net(torch.nn.Module):
@@ -250,7 +250,11 @@ def test_compile_input_shape_folds_shape_arithmetic(tmp_path: Path) -> None:
     feeds = [{"x": np.random.default_rng(i).normal(size=(1, 3, 8, 8)).astype(np.float32)} for i in range(2)]
     q = tmp_path / "dyn_q.onnx"
     zonnx.quantize_static(src, q, ListReader(feeds), **target_quantize_kwargs("zhouyi-x2"))
-    loose = compile_model(q, "zhouyi-x2", min_nodes=1)
+    with caplog.at_level(logging.WARNING):
+        loose = compile_model(q, "zhouyi-x2", min_nodes=1)
+    assert any(
+        "dynamic input dims" in r.getMessage() and "--input-shape" in r.getMessage() for r in caplog.records
+    )
     fixed = compile_model(q, "zhouyi-x2", min_nodes=1, input_shapes={"x": (1, 3, 8, 8)})
     assert "Shape" not in {n.op_type for n in fixed.model.graph.node}  # the shape arithmetic is folded
     assert (
@@ -273,3 +277,17 @@ def test_compile_cli_summary_is_short(r18_u8: Path, tmp_path: Path) -> None:
     assert "weight_DequantizeLinear" in verbose.stdout
     strict = runner.invoke(app, ["compile", str(r18_u8), "-o", str(tmp_path / "c.onnx"), "--strict"])
     assert strict.exit_code != 0 and isinstance(strict.exception, LowCoverageError)
+
+
+def test_provider_options_for_coverage_and_noise() -> None:
+    from zonnx.backend.provider_options import parse_provider_options
+
+    opts = parse_provider_options({"strict": "1", "input_shapes": "x:1,3,8,8;t:1", "min_macs": "0"})
+    assert opts.strict and opts.min_macs == 0 and opts.ort_log_level == 3
+    assert opts.shapes() == {"x": [1, 3, 8, 8], "t": [1]}
+    assert opts.explicit == {"strict", "input_shapes", "min_macs"}
+    assert "explicit" not in opts.as_strings()
+    with pytest.raises(OptionError, match="input_shapes"):
+        parse_provider_options({"input_shapes": "x=1,3"})
+    with pytest.raises(OptionError, match="strict"):
+        parse_provider_options({"strict": "maybe"})
