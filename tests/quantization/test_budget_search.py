@@ -145,8 +145,9 @@ def test_a_mixed_precision_choice_compiles_for_the_target_and_runs_bit_exact(
     digits: Path, tmp_path: Path
 ) -> None:
     """zhouyi-x2 lists int16: the raised layers get 16-bit activations, the model still compiles with every
-    MAC on the NPU, and the simulated NPU agrees with the fake-quant model within one output step or 0.2% of the logits' spread
-    (zhouyi-x2's requantization rounds its own way, not as ONNX Runtime's QuantizeLinear)."""
+    MAC on the NPU, and the simulated NPU agrees with the fake-quant model within one output step or 0.2%
+    of the logits' spread (zhouyi-x2's requantization rounds its own way, not as ONNX Runtime's
+    QuantizeLinear)."""
     import zonnx
     from zonnx.backend.compile_api import compile_model
     from zonnx.build_npu import target_quantize_kwargs
