@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zonnx.errors import OptionError
+from zonnx.inspection.render import PLAIN_BOX
 from zonnx.ir.io import load_proto
 from zonnx.paths import refuse_overwrites, target_file
 from zonnx.quantization.api import build_config, quantize_static
@@ -54,9 +54,7 @@ _PLURAL = {"activation": "activations", "weight": "weights", "bias": "biases"}
 
 def _summary(result: Any, seconds: float, output: Path) -> Table:
     cfg = result.config
-    table = Table(
-        title="quantization", box=box.SIMPLE if console.is_terminal else box.ASCII, title_justify="left"
-    )
+    table = Table(title="quantization", box=PLAIN_BOX, title_justify="left")
     table.add_column("item")
     table.add_column("value")
     rows = [
