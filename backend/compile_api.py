@@ -33,11 +33,22 @@ from zonnx.backend.compiled import (
     read_program,
 )
 from zonnx.backend.compiler import CompileError, Program, compile_subgraph
-from zonnx.backend.partition import Partition, format_partition, partition, propose
+from zonnx.backend.partition import (
+    Partition,
+    check_coverage,
+    coverage_advice,
+    format_partition,
+    partition,
+    propose,
+)
 from zonnx.backend.partition.capability import node_keys
+from zonnx.backend.partition.coverage import dynamic_advice
+from zonnx.backend.partition.partitioner import MIN_MACS
 from zonnx.backend.targets import Target, load_target
+from zonnx.converters.from_onnx import set_input_dims
 from zonnx.errors import UnsupportedModelError
 from zonnx.ir.io import check_structure, load_proto, save_model, to_proto
+from zonnx.passes.catalog import make_pass
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +121,18 @@ def prepare_source(model: Any) -> tuple[onnx.ModelProto, bytes]:
     return proto, data
 
 
+def fix_input_shapes(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    """Fix the named inputs' dims (``convert --input-shape``'s rule) and fold the shape arithmetic that
+    becomes constant (Shape -> Gather -> Concat -> Reshape chains); quantizers keep their constants."""
+    fixed = set_input_dims(proto, shapes)
+    model = ir.serde.deserialize_model(fixed)
+    for name in ("shape-inference", "constant-folding", "dead-code", "shape-inference"):
+        make_pass(name)(model)
+    out = ir.serde.serialize_model(model)
+    logger.info("input shapes fixed: %s", ", ".join(f"{k}={list(v)}" for k, v in shapes.items()))
+    return out
+
+
 def _fixneuron_boundaries(proto: onnx.ModelProto, part: Partition) -> None:
     """Move input-side FixNeurons of each subgraph to the CPU; the subgraph reads their outputs."""
     by_name = {n.name: n for n in proto.graph.node}
@@ -151,35 +174,54 @@ def compile_model(
     target: str | Path | Target = "dpu-b4096",
     *,
     min_nodes: int = 2,
+    min_macs: int = MIN_MACS,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     cache_key: str = "",
+    strict: bool = False,
 ) -> CompiledModel:
     """Partition and compile a quantized model (path, bytes, ModelProto or ir.Model) for ``target``.
 
-    Raises UnsupportedModelError for a model without quantizers (with the quantize command), OptionError
-    for an unknown target (listing the known ones).
+    ``input_shapes`` fixes input dims and folds the shape arithmetic they make constant
+    (``fix_input_shapes``). A partition that leaves the NPU (nearly) idle is logged as a warning with its
+    cause and fix (``coverage``); ``strict`` raises ``LowCoverageError`` instead. Raises
+    UnsupportedModelError for a model without quantizers (with the quantize command), OptionError for an
+    unknown target (listing the known ones).
     """
     start = time.perf_counter()
     tgt = load_target(target)
     where = str(model) if isinstance(model, str | Path) else "model"
     proto, data = prepare_source(model)
+    if input_shapes:
+        proto = fix_input_shapes(proto, input_shapes)
     ir_model = ir.serde.deserialize_model(proto)
     capability = propose(ir_model, tgt, input_shapes=input_shapes)
     if not capability.quantized:
         raise UnsupportedModelError(not_quantized_message(where))
-    part = partition(ir_model, capability, min_nodes=min_nodes)
+    part = partition(ir_model, capability, min_nodes=min_nodes, min_macs=min_macs)
     _fixneuron_boundaries(proto, part)
     programs: list[Program] = []
+    dynamic_inputs = [n for n in capability.notes if n.startswith("input ")] if not input_shapes else []
     index = 0
     while index < len(part.subgraphs):
         sub = part.subgraphs[index]
         try:
             programs.append(compile_subgraph(proto, sub.node_names, sub.inputs, sub.outputs, tgt))
         except CompileError as e:
-            logger.warning("subgraph %d stays on the CPU: %s", sub.id, e)
+            hint = ""
+            if dynamic_inputs:
+                hint = (
+                    f" The model has dynamic input dims ({'; '.join(dynamic_inputs[:2])}): fixing them with "
+                    "--input-shape NAME:DIMS (provider option input_shapes) folds shape arithmetic to constants."
+                )
+            logger.warning("subgraph %d stays on the CPU: %s%s", sub.id, e, hint)
             _drop(part, index, f"compile: {e}")
             continue
         index += 1
+    part.advice = coverage_advice(part, capability, tgt)
+    check_coverage(part.advice, where, strict=strict)
+    dynamic = dynamic_advice(part, capability)
+    if dynamic and not part.advice:
+        logger.warning("%s: %s", where, dynamic)
     compiled = build_compiled_model(
         proto,
         part,

@@ -46,6 +46,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from zonnx.backend.compiler.program import FORMAT_VERSION, Program, ProgramFormatError, TensorInfo
+from zonnx.backend.graph_reads import drop_unused_initializers, node_reads
 from zonnx.backend.partition import Partition, Subgraph, to_dict
 from zonnx.errors import ZonnxError
 
@@ -175,10 +176,9 @@ def build_compiled_model(
         )
     del g.node[:]
     g.node.extend(toposort(nodes, {i.name for i in g.input} | {t.name for t in g.initializer}))
-    used = {i for n in g.node for i in n.input}
-    kept = [t for t in g.initializer if t.name in used]
-    del g.initializer[:]
-    g.initializer.extend(kept + inits)
+    g.initializer.extend(inits)
+    drop_unused_initializers(g)  # keeps what If/Loop bodies read from the outer scope
+    used = {i for n in g.node for i in node_reads(n)}
     present = used | {o for n in g.node for o in n.output}
     vis = [v for v in g.value_info if v.name in present]
     del g.value_info[:]
@@ -215,7 +215,7 @@ def toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.Node
     while pending:
         rest = []
         for n in pending:
-            if all(i in ready or i not in produced for i in n.input):
+            if all(i in ready or i not in produced for i in node_reads(n)):
                 out.append(n)
                 ready.update(n.output)
             else:
@@ -286,6 +286,8 @@ def partition_from_dict(data: dict[str, Any]) -> Partition:
         total_macs=s["total_macs"],
         npu_macs=s["npu_macs"],
         min_nodes=data["min_nodes"],
+        min_macs=data.get("min_macs", 0),
+        advice=data.get("advice", ""),
     )
 
 
@@ -337,4 +339,5 @@ def lower_npu_nodes(model: onnx.ModelProto, lower: Callable[..., Any], *, opset:
                 domains.add(f.domain)
     del g.node[:]
     g.node.extend(nodes)
+    drop_unused_initializers(g)
     return out

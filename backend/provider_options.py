@@ -3,7 +3,10 @@
 Options (ORT passes strings; VOE spellings ``cacheDir``, ``cacheKey``, ``configFile`` accepted):
 ``target`` ("dpu-b4096"), ``cache_dir``, ``cache_key``, ``config_file`` (a JSON object of these options;
 keys given directly win), ``executor`` ("auto" | "ort" | "reference"), ``fallback`` ("none" | "cpu"),
-``min_nodes`` (2), ``enable_cache`` ("1").
+``min_nodes`` (2), ``min_macs`` (1000000: a smaller group still goes to the NPU when it has this many
+MACs), ``enable_cache`` ("1"), ``strict`` ("0"; "1" makes low NPU coverage an error instead of a warning),
+``input_shapes`` ("" or "x:1,3,224,224;y:1,10": fixed input dims, shape arithmetic folded), ``ort_log_level``
+("3": ORT's own log severity for the session, 3 = errors only; 2 shows ORT's warnings).
 """
 
 from __future__ import annotations
@@ -37,27 +40,50 @@ class NpuOptions:
     executor: str = "auto"
     fallback: str = "none"
     min_nodes: int = 2
+    min_macs: int = 1_000_000
     enable_cache: bool = True
+    strict: bool = False
+    input_shapes: str = ""
+    ort_log_level: int = 3
+    #: The keys the user gave (directly or in config_file); not an option.
+    explicit: frozenset[str] = dataclasses.field(default=frozenset(), compare=False)
 
     def as_strings(self) -> dict[str, str]:
         return {
-            k: (str(int(v)) if isinstance(v, bool) else str(v)) for k, v in dataclasses.asdict(self).items()
+            k: (str(int(v)) if isinstance(v, bool) else str(v))
+            for k, v in dataclasses.asdict(self).items()
+            if k != "explicit"
         }
+
+    def shapes(self) -> dict[str, list[int]]:
+        """``input_shapes`` as {name: dims} ("x:1,3,224,224;y:1,10")."""
+        out: dict[str, list[int]] = {}
+        for item in filter(None, (p.strip() for p in self.input_shapes.replace(" ", ";").split(";"))):
+            name, sep, dims = item.rpartition(":")
+            try:
+                out[name] = [int(d) for d in dims.split(",")]
+            except ValueError:
+                sep = ""
+            if not sep or not name:
+                raise OptionError(
+                    f"provider option input_shapes: {item!r} is not NAME:D1,D2,...; e.g. 'x:1,3,224,224'."
+                )
+        return out
 
 
 _CHOICES = {"executor": ("auto", "ort", "reference"), "fallback": ("none", "cpu")}
 
 
 def _value(key: str, value: Any) -> Any:
-    if key == "min_nodes":
+    if key in ("min_nodes", "min_macs", "ort_log_level"):
         try:
             return int(value)
         except (TypeError, ValueError):
-            raise OptionError(f"provider option min_nodes: must be an integer, got {value!r}.") from None
-    if key == "enable_cache":
+            raise OptionError(f"provider option {key}: must be an integer, got {value!r}.") from None
+    if key in ("enable_cache", "strict"):
         text = str(value).strip().lower()
         if text not in ("0", "1", "true", "false"):
-            raise OptionError(f"provider option enable_cache: must be 0/1/true/false, got {value!r}.")
+            raise OptionError(f"provider option {key}: must be 0/1/true/false, got {value!r}.")
         return text in ("1", "true")
     text = str(value)
     if key in _CHOICES and text not in _CHOICES[key]:
@@ -70,7 +96,7 @@ def _value(key: str, value: Any) -> Any:
 
 def parse_provider_options(options: Mapping[str, Any] | None) -> NpuOptions:
     """Strict parse: unknown keys get a "did you mean"; ``config_file`` entries fill keys not given."""
-    known = {f.name for f in dataclasses.fields(NpuOptions)}
+    known = {f.name for f in dataclasses.fields(NpuOptions)} - {"explicit"}
     given: dict[str, Any] = {}
     for raw, value in (options or {}).items():
         key = _ALIASES.get(raw, raw)
@@ -96,7 +122,9 @@ def parse_provider_options(options: Mapping[str, Any] | None) -> NpuOptions:
                 given[key] = _value(key, value)
             elif key not in known:
                 logger.debug("config_file %s: key %r is not a zonnx option; ignored", path, raw)
-    return NpuOptions(**given)
+    opts = NpuOptions(**given, explicit=frozenset(given))
+    opts.shapes()  # refuse a malformed input_shapes now
+    return opts
 
 
 def provider_table(

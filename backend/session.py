@@ -14,12 +14,28 @@ Provider options (ORT passes strings; VOE spellings ``cacheDir``, ``cacheKey``, 
 (hash of model bytes + target + zonnx version), ``config_file`` (a JSON object of these options; keys
 given directly win), ``executor`` ("auto": ORT-native when the lowering is available, else the reference),
 ``fallback`` ("none"; "cpu" runs an unquantized model on the CPU with a warning), ``min_nodes`` (2),
-``enable_cache`` ("1"; "0", like ``XLNX_ENABLE_CACHE=0``, recompiles and overwrites the entry).
+``min_macs`` (1000000), ``enable_cache`` ("1"; "0", like ``XLNX_ENABLE_CACHE=0``, recompiles and overwrites
+the entry), ``strict`` ("0"; "1" raises ``LowCoverageError`` where a session would warn that the NPU gets no
+node or under half the MACs), ``input_shapes`` (fixed input dims), ``ort_log_level`` ("3").
+
+Noise and silence. ORT's own warnings are not printed: without ``sess_options`` (or with
+``ort_log_level`` given) the session's ORT log severity is ``ort_log_level`` (3, errors only). Low NPU
+coverage is always said (``zonnx.backend.partition.coverage``), for fresh compiles, cache hits and
+compiled models alike. A compiled model keeps the target it was compiled for: opened with an explicit
+other ``target`` it is refused (compile the quantized model again); without one, the log says which
+target it runs as.
 """
 
 from __future__ import annotations
 
-__all__ = ["InferenceSession", "NPU_PROVIDER", "InvalidInputError", "NpuOptions", "parse_provider_options"]
+__all__ = [
+    "InferenceSession",
+    "NPU_PROVIDER",
+    "InvalidInputError",
+    "NpuOptions",
+    "parse_provider_options",
+    "summary_line",
+]
 
 import dataclasses
 import hashlib
@@ -49,7 +65,7 @@ from zonnx.backend.compiled import (
     lower_npu_nodes,
     partition_from_dict,
 )
-from zonnx.backend.partition import Partition
+from zonnx.backend.partition import Partition, check_coverage
 from zonnx.backend.provider_options import (
     CPU_PROVIDER,
     NPU_PROVIDER,
@@ -120,6 +136,17 @@ def summary_line(part: Partition) -> str:
     )
 
 
+def _quiet(sess_options: ort.SessionOptions | None, options: NpuOptions | None) -> ort.SessionOptions:
+    """ORT's session options with its log severity at ``ort_log_level`` unless the user set their own."""
+    level = options.ort_log_level if options is not None else 3
+    if sess_options is None:
+        sess_options = ort.SessionOptions()
+    elif options is None or "ort_log_level" not in options.explicit:
+        return sess_options
+    sess_options.log_severity_level = level
+    return sess_options
+
+
 class InferenceSession:
     """onnxruntime.InferenceSession's API, with ``ZonnxNPUExecutionProvider`` (see the module docstring).
 
@@ -137,10 +164,10 @@ class InferenceSession:
         **kwargs: Any,
     ) -> None:
         start = time.perf_counter()
-        self._sess_options = sess_options
         chosen = provider_table(providers, provider_options)
         self._cpu_options = chosen.get(CPU_PROVIDER, {})
         self.options = parse_provider_options(chosen.get(NPU_PROVIDER)) if NPU_PROVIDER in chosen else None
+        self._sess_options = _quiet(sess_options, self.options)
         self.partition: Partition | None = None
         self.from_cache = False
         self._cache: ModelCache | None = None
@@ -183,20 +210,28 @@ class InferenceSession:
         exe_id = _lowering_id() if mode == "ort" else ""
         if compiled is not None:
             target_name = compiled_info(compiled).get("target", "")
-            if "target" in self._given_keys() and load_target(opts.target).name != target_name:
+            if "target" in opts.explicit and load_target(opts.target).name != target_name:
                 raise OptionError(
                     f"{where}: was compiled for {target_name!r}, not {opts.target!r}; compile the "
-                    f"quantized model again with --target {opts.target}."
+                    f"quantized model again with --target {opts.target}, or drop the target option to run "
+                    f"it on {target_name}."
+                )
+            if target_name != load_target(opts.target).name:
+                logger.info(
+                    "%s: compiled for %s; it runs on %s (no target option given)",
+                    where,
+                    target_name,
+                    target_name,
                 )
             self._build(compiled, None, mode, where)
+            self._check_coverage(where)
             return
         target = load_target(opts.target)
         sha = hashlib.sha256(data).hexdigest()
         key = opts.cache_key or default_key(sha, target)
         expect = {"source_sha256": sha, "target": target.name, "target_sha256": target_digest(target)}
-        cache = ModelCache(
-            opts.cache_dir or default_cache_dir(), key, {**expect, "min_nodes": opts.min_nodes}
-        )
+        meta = {**expect, "min_nodes": opts.min_nodes, "min_macs": opts.min_macs, "shapes": opts.input_shapes}
+        cache = ModelCache(opts.cache_dir or default_cache_dir(), key, meta)
         enabled = opts.enable_cache and os.environ.get("XLNX_ENABLE_CACHE", "1") != "0"
         hit = cache.load(exe_id) if enabled else None
         self._cache = cache
@@ -206,6 +241,7 @@ class InferenceSession:
                 exe = self._build(hit[0], hit[1], mode, where)
                 if exe is not None and hit[1] is None:
                     cache.store(hit[0], exe, exe_id)  # the entry gains this lowering
+                self._check_coverage(where)
                 return
             except CompiledModelError as e:
                 logger.warning("cache entry %s: %s; recompiling", cache.folder, e)
@@ -213,9 +249,18 @@ class InferenceSession:
         parsed = _parse(data, where)
         if is_compiled(parsed):
             self._build(parsed, None, mode, where)
+            self._check_coverage(where)
             return
         try:
-            compiled = compile_model(parsed, target, min_nodes=opts.min_nodes, cache_key=key).model
+            compiled = compile_model(
+                parsed,
+                target,
+                min_nodes=opts.min_nodes,
+                min_macs=opts.min_macs,
+                input_shapes=opts.shapes() or None,
+                cache_key=key,
+                strict=opts.strict,
+            ).model
         except UnsupportedModelError as e:
             if "not quantized" not in str(e):
                 raise
@@ -271,8 +316,10 @@ class InferenceSession:
             self._compiled = self._cache.load_compiled()
         return self._compiled
 
-    def _given_keys(self) -> set[str]:
-        return {k for k, v in dataclasses.asdict(self.options).items() if v != getattr(NpuOptions, k)}
+    def _check_coverage(self, where: str) -> None:
+        """Say (or, strict, refuse) low NPU coverage of a partition that was not compiled just now."""
+        if self.partition is not None and self.options is not None:
+            check_coverage(self.partition.advice, where, strict=self.options.strict)
 
     # -- ORT API ------------------------------------------------------------------------------------
     def get_inputs(self) -> list[Any]:

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import typer
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 
 from zonnx.compare import DEFAULT_TOL_COS, Comparison, TensorDiff, check_feeds, compare_models
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
+from zonnx.inspection.render import PLAIN_BOX
 from zonnx.ir.io import load_proto, write_bytes_atomic
 from zonnx.paths import refuse_overwrites
 from zonnx.tools.console import console, err_console
@@ -51,7 +51,7 @@ def _table(result: Comparison, top: int) -> Table:
         shown.append(first)
     lsb = any(r.lsb is not None for r in result.rows)
     title = f"worst {len(shown)} of {len(result.rows)} tensors ({result.mode})"
-    table = Table(title=title, box=box.SIMPLE if console.is_terminal else box.ASCII, title_justify="left")
+    table = Table(title=title, box=PLAIN_BOX, title_justify="left")
     for col in ("#", "tensor (A)", "op", "shape", "cosine", "SQNR dB", "max abs", *(["LSB"] if lsb else [])):
         table.add_column(col, justify="left" if col in ("tensor (A)", "op") else "right")
     table.add_column("status")

@@ -12,6 +12,7 @@ import typer
 
 from zonnx.backend.compile_api import compile_model
 from zonnx.backend.partition import render_partition, to_dict
+from zonnx.backend.partition.partitioner import MIN_MACS
 from zonnx.ir.io import save_model
 from zonnx.tools.console import console
 from zonnx.tools.options import parse_input_shapes
@@ -23,25 +24,45 @@ def compile(  # noqa: A001 - the subcommand's name
     output: Path = typer.Option(
         None, "--output", "-o", help="Compiled model to write (default MODEL_compiled.onnx)."
     ),
-    min_nodes: int = typer.Option(2, "--min-nodes", help="Smallest NPU subgraph, in ops."),
+    min_nodes: int = typer.Option(2, "--min-nodes", help="Smallest NPU subgraph, in ops (see --min-macs)."),
+    min_macs: int = typer.Option(
+        MIN_MACS, "--min-macs", help="A smaller subgraph still goes to the NPU when it has this many MACs."
+    ),
     input_shape: list[str] = typer.Option(
-        None, "--input-shape", help="Fixed input shape, e.g. x:1,3,224,224 (repeatable)."
+        None,
+        "--input-shape",
+        help="Fixed input shape, e.g. x:1,3,224,224 (repeatable); shape arithmetic is folded after it.",
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", help="Fail (exit 2) when the NPU gets no node or under half the MACs."
+    ),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="List subgraph tensors and every CPU node with its reason."
     ),
     json_: bool = typer.Option(False, "--json", help="Print the partition as JSON instead of tables."),
 ) -> None:
     """Compile MODEL for an NPU target: each NPU subgraph becomes one com.zonnx NpuSubgraph node.
 
-    Prints how many nodes and what share of MACs run on the NPU, the subgraphs, and every CPU node with
-    the rule it broke. Exit code 2 on bad input (float model, unknown target, unwritable output).
+    Prints how many nodes and what share of MACs run on the NPU, the subgraphs, and the CPU nodes per
+    rule they broke (--verbose or --json for every node). Low NPU coverage is a warning with its cause
+    and fix (--strict: an error). Exit code 2 on bad input (float model, unknown target, unwritable output).
     """
     out = output or model.with_name(f"{model.stem}_compiled.onnx")
-    compiled = compile_model(model, target, min_nodes=min_nodes, input_shapes=parse_input_shapes(input_shape))
+    compiled = compile_model(
+        model,
+        target,
+        min_nodes=min_nodes,
+        min_macs=min_macs,
+        input_shapes=parse_input_shapes(input_shape),
+        strict=strict,
+    )
     save_model(compiled.model, out, input_path=model)
     if json_:
         sys.stdout.write(json.dumps({**to_dict(compiled.partition), "output": str(out)}, indent=1) + "\n")
         return
-    render_partition(compiled.partition, console)
-    for sub, prog in zip(compiled.partition.subgraphs, compiled.programs, strict=True):
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(prog.op_counts().items()))
-        console.print(f"subgraph {sub.id}: {len(prog.ops)} NPU ops ({kinds})")
-    console.print(f"wrote {out} in {compiled.seconds:.2f} s")
+    render_partition(compiled.partition, console, verbose=verbose)
+    if verbose:
+        for sub, prog in zip(compiled.partition.subgraphs, compiled.programs, strict=True):
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(prog.op_counts().items()))
+            console.print(f"subgraph {sub.id}: {len(prog.ops)} NPU ops ({kinds})", soft_wrap=True)
+    console.print(f"wrote {out} in {compiled.seconds:.2f} s", soft_wrap=True)

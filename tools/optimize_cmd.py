@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from zonnx.converters.from_onnx import set_input_dims
 from zonnx.errors import OptionError
 from zonnx.ir.io import check_wiring, load_proto, save_model
 from zonnx.optimization import DEFAULT_OPSET, OptimizeOptions, optimize_with_report
@@ -39,9 +40,13 @@ def optimize(
     skip: list[str] = typer.Option(None, "--skip", help="Leave these passes out (comma list)."),
     verify: bool = typer.Option(False, "--verify", help="Check and compare ORT outputs after every pass."),
     input_shape: list[str] = typer.Option(
-        None, "--input-shape", help="Concrete input shape for --verify, e.g. x:1,3,224,224."
+        None,
+        "--input-shape",
+        help="Fix an input's shape before the passes (and for --verify), e.g. x:1,3,224,224.",
     ),
-    inputs: Path = typer.Option(None, "--inputs", help="Real inputs for --verify: .npz, one array per input."),
+    inputs: Path = typer.Option(
+        None, "--inputs", help="Real inputs for --verify: .npz, one array per input."
+    ),
     fixed_point: bool = typer.Option(
         True, "--fixed-point/--single-round", help="Repeat until nothing changes."
     ),
@@ -76,6 +81,9 @@ def optimize(
     )
     proto = load_proto(model)
     check_wiring(proto, str(model))  # an invalid input is said to be invalid, not optimized into a worse one
+    shapes = parse_input_shapes(input_shape)
+    if shapes:  # the passes see fixed dims, so shape arithmetic on them folds (convert's rule)
+        proto = set_input_dims(proto, shapes)
     show_progress = console.is_terminal and not as_json
     if show_progress:
         with console.status("optimizing") as status:

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich import box
 from rich.table import Table
 
 from zonnx.errors import OptionError
+from zonnx.inspection.render import PLAIN_BOX
 from zonnx.quantization.sources import reader_from_source
 from zonnx.tools.console import console, err_console
 
@@ -56,7 +56,7 @@ def run_budget_search(
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
         f"points), {result.eval_samples} evaluation samples",
-        box=box.SIMPLE if console.is_terminal else box.ASCII,
+        box=PLAIN_BOX,
         title_justify="left",
     )
     for col in ("candidate", metric, f"layers {result.precision}", "NPU MACs", "chosen"):

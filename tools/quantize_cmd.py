@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zonnx.errors import OptionError
+from zonnx.inspection.render import PLAIN_BOX
 from zonnx.ir.io import load_proto
 from zonnx.paths import refuse_overwrites, target_file
 from zonnx.quantization.api import build_config, quantize_static
@@ -54,9 +54,7 @@ _PLURAL = {"activation": "activations", "weight": "weights", "bias": "biases"}
 
 def _summary(result: Any, seconds: float, output: Path) -> Table:
     cfg = result.config
-    table = Table(
-        title="quantization", box=box.SIMPLE if console.is_terminal else box.ASCII, title_justify="left"
-    )
+    table = Table(title="quantization", box=PLAIN_BOX, title_justify="left")
     table.add_column("item")
     table.add_column("value")
     rows = [
@@ -169,10 +167,20 @@ def quantize(
     ),
     config: Path = typer.Option(None, "--config", help="TOML or JSON config with per-op/per-node overrides."),
     method: str = typer.Option(
-        None, "--method", help="minmax, entropy, percentile, mse, nonoverflow, minmse, ..."
+        None,
+        "--method",
+        help="minmax, entropy, percentile, mse, nonoverflow, minmse, ...",
+        show_default="minmax; a --target picks its own",
     ),
-    weight_method: str = typer.Option(None, "--weight-method", help="Weight calibration method (minmax)."),
-    fmt: str = typer.Option(None, "--format", help="qdq, qoperator, fixneuron or vitisqdq."),
+    weight_method: str = typer.Option(
+        None, "--weight-method", help="Weight calibration method.", show_default="minmax"
+    ),
+    fmt: str = typer.Option(
+        None,
+        "--format",
+        help="qdq, qoperator, fixneuron or vitisqdq.",
+        show_default="qdq; a --target picks its own",
+    ),
     target: str = typer.Option(
         None,
         "--target",
@@ -181,21 +189,30 @@ def quantize(
     per_channel: bool = typer.Option(
         None,
         "--per-channel/--per-tensor",
-        help="Per-channel weights (default without a target: per channel).",
+        help="Per-channel weights.",
+        show_default="per channel; a --target picks its own",
     ),
     placement: str = typer.Option(
         None,
         "--placement",
         help="Which tensors get quantizers: kernels (only what integer kernels read; default without a "
         "target) or ort (every tensor of quantizable ops, as ONNX Runtime's quantize_static).",
+        show_default="kernels; ort with --target",
     ),
     activation_type: str = typer.Option(
-        None, "--activation-type", help="int8, uint8, int16, uint16, bfloat16."
+        None,
+        "--activation-type",
+        help="int8, uint8, int16, uint16, bfloat16.",
+        show_default="int8; a --target picks its own",
     ),
-    weight_type: str = typer.Option(None, "--weight-type", help="int8, uint8, int4, int16, bfloat16."),
+    weight_type: str = typer.Option(
+        None, "--weight-type", help="int8, uint8, int4, int16, bfloat16.", show_default="int8"
+    ),
     exclude: list[str] = typer.Option(None, "--exclude", help="Node names to leave float (comma list)."),
     op_types: list[str] = typer.Option(None, "--op-types", help="Only quantize these op types (comma list)."),
-    limit: int = typer.Option(None, "--limit", help="Use at most this many calibration samples."),
+    limit: int = typer.Option(
+        None, "--limit", help="Use at most this many calibration samples.", show_default="all"
+    ),
     size: str = typer.Option(None, "--size", help="Image HEIGHT,WIDTH (default: the model's input size)."),
     mean: str = typer.Option(
         None, "--mean", help="Per-channel mean subtracted from pixels, e.g. 123.7,116.3,103.5."
@@ -216,16 +233,25 @@ def quantize(
         None, "--load-table", help="Take ranges from a TPU-MLIR calibration table."
     ),
     cle: bool = typer.Option(
-        None, "--cle/--no-cle", help="Cross-layer equalization before calibration (IncludeCLE)."
+        None,
+        "--cle/--no-cle",
+        help="Cross-layer equalization before calibration (IncludeCLE).",
+        show_default="off",
     ),
-    cle_steps: int = typer.Option(None, "--cle-steps", help="Equalization steps with --cle (CLESteps, 1)."),
+    cle_steps: int = typer.Option(
+        None, "--cle-steps", help="Equalization steps with --cle (CLESteps).", show_default="1"
+    ),
     replace_relu6: bool = typer.Option(
         None,
         "--replace-relu6",
         help="Replace Clip(0, 6) by Relu first (ReplaceClip6Relu; changes the model).",
+        show_default="off",
     ),
     bias_correction: bool = typer.Option(
-        None, "--bias-correction/--no-bias-correction", help="Empirical bias correction (BiasCorrection)."
+        None,
+        "--bias-correction/--no-bias-correction",
+        help="Empirical bias correction (BiasCorrection).",
+        show_default="off; on with a power-of-two --target",
     ),
     smooth_quant: bool = typer.Option(
         False, "--smooth-quant", help="SmoothQuant: move activation outliers into the weights first."

@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import onnx
 import typer
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 
 from zonnx.backend.compiled import compiled_info, is_compiled
 from zonnx.backend.dump import dump_layers, write_dump
 from zonnx.backend.golden import DEFAULT_TOL_COS, DEFAULT_TOL_LSB, GoldenReport, compare_layers
-from zonnx.backend.session import CPU_PROVIDER, NPU_PROVIDER, InferenceSession
+from zonnx.backend.session import CPU_PROVIDER, NPU_PROVIDER, InferenceSession, summary_line
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
+from zonnx.inspection.render import PLAIN_BOX
 from zonnx.ir.io import load_proto, write_bytes_atomic
 from zonnx.paths import refuse_overwrites, target_file
 from zonnx.tools.console import console, err_console
@@ -30,10 +30,6 @@ from zonnx.tools.options import load_feeds
 from zonnx.verify import make_inputs
 
 _COMPARE = ("golden",)
-
-
-def _box() -> box.Box:
-    return box.SIMPLE if console.is_terminal else box.ASCII
 
 
 def _check_options(compare: str | None, paths: dict[str, Path | None], tol_cos: float, tol_lsb: int) -> None:
@@ -115,7 +111,7 @@ def _stats(outputs: dict[str, np.ndarray]) -> list[dict[str, Any]]:
 
 
 def _outputs_table(stats: list[dict[str, Any]]) -> Table:
-    table = Table(title="outputs", box=_box(), title_justify="left")
+    table = Table(title="outputs", box=PLAIN_BOX, title_justify="left")
     for col in ("name", "shape", "dtype", "min", "max", "mean"):
         table.add_column(col, justify="right" if col in ("min", "max", "mean") else "left")
     for s in stats:
@@ -130,7 +126,7 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 def _golden_table(report: GoldenReport) -> Table:
-    table = Table(title="NPU layers vs golden (program order)", box=_box(), title_justify="left")
+    table = Table(title="NPU layers vs golden (program order)", box=PLAIN_BOX, title_justify="left")
     for col in (
         "#",
         "layer (tensor)",
@@ -201,6 +197,9 @@ def run(
     json_: bool = typer.Option(False, "--json", help="Print everything as JSON instead of tables."),
     report: Path = typer.Option(None, "--report", help="Also write the JSON to this file."),
     seed: int = typer.Option(0, "--seed", help="Seed of generated inputs (without --inputs)."),
+    strict: bool = typer.Option(
+        False, "--strict", help="Fail (exit 2) when the NPU gets no node or under half the MACs."
+    ),
 ) -> None:
     """Run MODEL with ZonnxNPUExecutionProvider and print each output's shape, dtype and range.
 
@@ -222,10 +221,14 @@ def run(
     notes: list[str] = []
     fmodel, qmodel = _golden_models(model, proto, float_model, qdq_model, notes) if compare else (None, None)
     feeds = load_feeds(inputs) if inputs is not None else make_inputs(proto, seed=seed)
-    options = {"target": target} if target else {}
+    options: dict[str, str] = {"target": target} if target else {}
+    if strict:
+        options["strict"] = "1"
     sess = InferenceSession(
         str(model), providers=[NPU_PROVIDER, CPU_PROVIDER], provider_options=[options, {}]
     )
+    if sess.partition is not None:
+        notes.append(f"{sess.partition.target}: {summary_line(sess.partition)}")
     if inputs is None:
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
         notes.insert(0, f"no --inputs: generated inputs (seed {seed}): {shapes}")

@@ -5,11 +5,11 @@ from __future__ import annotations
 __all__ = ["triage"]
 
 import typer
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 
 from zonnx.errors import OptionError
+from zonnx.inspection.render import PLAIN_BOX
 from zonnx.ir.io import load_proto
 from zonnx.paths import refuse_overwrites
 from zonnx.quantization.search.run import read_feeds
@@ -46,7 +46,7 @@ def triage(
     table = Table(
         title=f"triage: {metric} baseline {result.baseline:.5f}, tolerance {tolerance}, {result.sites} activation "
         f"quantizers, {len(feeds)} samples, {result.runs} runs",
-        box=box.SIMPLE if console.is_terminal else box.ASCII,
+        box=PLAIN_BOX,
         title_justify="left",
     )
     for col in ("#", "tensor", f"{metric} with it alone in float"):

@@ -24,6 +24,12 @@ shift-only targets such as the DPU; ``M / 2^s ~= ratio`` with the target's multi
 
       q_y = clamp(R(sum_k (q_a - Z_a)(q_b - Z_b) M, s) + Z_y),  M / 2^s ~= S_a S_b / S_y
 
+- ``prelu`` (PRelu with a constant slope ``a``, per tensor or per channel): a lookup table per slope
+  entry ``k`` over every input code, exact like ``lut``::
+
+      x = S_x (q - Z_x)  (float32);  table[k, q - qmin] = Q_y(x >= 0 ? x : a_k x)  (float32 product)
+      q_y = table[index, q - qmin]   with ``index`` = arange(K) in the slope's broadcast shape
+
 Rounding: ``mul`` and ``lincomb`` use ``quant.activation_round_mode`` (the eltwise family, like Add);
 ``matmul2`` uses ``quant.requant.round_mode`` (like Conv/MatMul). Public API: ``PENDING_OPS``, ``claims``,
 ``lower_pending`` (called by ``lower.py`` through ``lower_extra``).
@@ -43,7 +49,7 @@ from . import params as om
 logger = logging.getLogger(__name__)
 
 #: ONNX ops this module makes pending (waiting for their output quantizer) besides lower.py's own.
-PENDING_OPS = frozenset({"Mul", "Sub", "Div"})
+PENDING_OPS = frozenset({"Mul", "Sub", "Div", "PRelu"})
 
 
 def _kinds() -> tuple[type, type, type]:
@@ -73,6 +79,8 @@ def lower_pending(low: Any, p: Any, out: str, qp: om.QParams, sources: list[str]
     ins = [v for v in p.ins if v is not None]
     if op == "MatMul":
         _matmul2(low, p, out, qp, sources, base)
+    elif op == "PRelu":
+        _prelu(low, p, out, qp, sources)
     elif op == "Mul" and all(
         isinstance(v, codes) or (isinstance(v, const) and v.qp is not None) for v in ins
     ):
@@ -185,6 +193,33 @@ def _matmul2(low: Any, p: Any, out: str, qp: om.QParams, sources: list[str], bas
     attrs = dict(base, zp_a=za, zp_b=zb, round_mode=low.target.quant.requant.round_mode)
     params = {"multiplier": m.astype(np.int64), "shift": s.astype(np.int64)}
     low.emit("matmul2", node.name, [a.tensor, b.tensor], [out], attrs, params, sources)
+
+
+def _prelu(low: Any, p: Any, out: str, qp: om.QParams, sources: list[str]) -> None:
+    codes, const, err = _kinds()
+    node = p.node
+    x, a = p.ins[0], p.ins[1]
+    if not isinstance(x, codes) or not isinstance(a, const):
+        raise err(f"node {node.name!r}: PRelu needs a quantized input and a constant slope.")
+    if a.qp is None:
+        slope = np.asarray(a.value, np.float32)
+    else:
+        sa, za = a.qp.per_tensor(f"node {node.name!r} slope")
+        slope = np.float32(sa) * (np.asarray(a.value, np.int64) - za).astype(np.float32)
+    sx, zx = x.qp.per_tensor(f"node {node.name!r} input")
+    if x.qp.qmax - x.qp.qmin > 1 << 16:
+        raise err(f"node {node.name!r}: PRelu tables need inputs of at most 16 bits.")
+    q = np.arange(x.qp.qmin, x.qp.qmax + 1, dtype=np.int64)
+    xf = np.float32(sx) * (q - zx).astype(np.float32)  # the float32 DequantizeLinear value
+    flat = slope.reshape(-1, 1)
+    y = np.where(xf[None, :] >= 0, xf[None, :], flat * xf[None, :]).astype(np.float64) * p.mul
+    for _, lo, hi in p.acts:
+        y = np.clip(y, lo, hi)
+    table = om.quantize_float(y.astype(np.float32), qp).astype(np.dtype(qp.dtype))
+    rank = len(low.shapes.get(node.input[0]) or ()) or slope.ndim
+    index = np.arange(slope.size, dtype=np.int64).reshape((1,) * max(rank - slope.ndim, 0) + slope.shape)
+    attrs = {"qmin_in": int(x.qp.qmin)}
+    low.emit("prelu", node.name, [x.tensor], [out], attrs, {"table": table, "index": _small(index)}, sources)
 
 
 def _small(a: np.ndarray) -> np.ndarray:

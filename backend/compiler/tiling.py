@@ -227,12 +227,16 @@ def _inputs(op: Op, shapes: dict, program: Program) -> tuple[list[_Input], dict[
 
 
 def _weights(op: Op) -> tuple[int, bool]:
-    """(bytes, split with the output channels): conv/matmul weights split, a LUT's table does not."""
+    """(bytes, split with the output channels): conv/matmul weights split, a LUT's table does not, a
+    PRelu's per-channel tables do."""
     if op.kind in PE_KINDS:
         w = op.params["w"]
         return int(w.size * w.dtype.itemsize), True
     if op.kind == "lut":
         return int(op.params["table"].nbytes), False
+    if op.kind == "prelu":  # one table per slope entry: per-channel tables split with the channels
+        table = op.params["table"]
+        return int(table.nbytes), table.shape[0] > 1
     return 0, False
 
 

@@ -9,9 +9,11 @@ Growing. Units are visited in topological order; a supported unit starts a group
 the group of every supported unit it reads from, unless the merged set would not be *convex*: a path
 that leaves it through another unit (a CPU node or another subgraph) and comes back in would make the
 NPU and CPU parts depend on each other in a cycle. The check is a search from the set's outside
-successors, bounded by the set's last topological position. Groups with fewer than ``min_nodes`` ops
-(nodes other than quantizers and constants) go back to the CPU with the reason "subgraph of N ops is
-below the minimum M".
+successors, bounded by the set's last topological position. Cost decides small groups: a group with
+fewer than ``min_nodes`` ops (nodes other than quantizers and constants) goes back to the CPU with the
+reason "subgraph of N ops and K MACs is below the minimum M ops / C MACs" unless it carries at least
+``min_macs`` MACs (default ``MIN_MACS``, 1M: one large convolution is worth the round trip to the NPU;
+0 turns the cost rule off).
 
 Boundaries. An NPU subgraph reads and writes integer tensors: it contains the DequantizeLinear nodes of
 its inputs and the QuantizeLinear nodes of its outputs, so ``inputs`` are QuantizeLinear outputs (the
@@ -25,7 +27,7 @@ Constants (weights, scales) are not inputs. A dequantizer read by several parts 
 
 from __future__ import annotations
 
-__all__ = ["Subgraph", "Partition", "partition"]
+__all__ = ["Subgraph", "Partition", "partition", "MIN_MACS"]
 
 import dataclasses
 import logging
@@ -40,6 +42,8 @@ from zonnx.passes.fusion.matching import const_array
 logger = logging.getLogger(__name__)
 
 _COPIED = ("dequantize", "constant")
+#: A group this costly goes to the NPU however few ops it has.
+MIN_MACS = 1_000_000
 CPU = -1
 
 
@@ -60,7 +64,8 @@ class Partition:
     """Subgraphs, the reason for every CPU node, and summary numbers.
 
     A copied dequantizer counts as one node, on the NPU when every reader is there. ``rules`` gives
-    each CPU node's rule id (op_type, kernel, not_quantized, min_nodes, boundary, ...).
+    each CPU node's rule id (op_type, kernel, not_quantized, min_nodes, boundary, ...). ``advice`` is
+    the low-coverage warning (``coverage.coverage_advice``), empty when the NPU share is fine.
     """
 
     target: str
@@ -74,6 +79,8 @@ class Partition:
     total_macs: int
     npu_macs: int
     min_nodes: int
+    min_macs: int = MIN_MACS
+    advice: str = ""
 
     @property
     def num_subgraphs(self) -> int:
@@ -136,9 +143,13 @@ class _Groups:
         return True
 
 
-def _check(model: ir.Model, capability: CapabilityResult, min_nodes: int) -> dict[ir.Node, str]:
+def _check(
+    model: ir.Model, capability: CapabilityResult, min_nodes: int, min_macs: int
+) -> dict[ir.Node, str]:
     if min_nodes < 1:
         raise OptionError(f"min_nodes: must be at least 1, got {min_nodes}.")
+    if min_macs < 0:
+        raise OptionError(f"min_macs: must be 0 or more, got {min_macs}.")
     keys = node_keys(model.graph)
     missing = [k for k in keys.values() if k not in capability.nodes]
     if missing:
@@ -149,9 +160,11 @@ def _check(model: ir.Model, capability: CapabilityResult, min_nodes: int) -> dic
     return keys
 
 
-def partition(model: ir.Model, capability: CapabilityResult, *, min_nodes: int = 2) -> Partition:
+def partition(
+    model: ir.Model, capability: CapabilityResult, *, min_nodes: int = 2, min_macs: int = MIN_MACS
+) -> Partition:
     """Group the nodes ``capability`` proposed into NPU subgraphs (see the module doc); ``model`` is unchanged."""
-    keys = _check(model, capability, min_nodes)
+    keys = _check(model, capability, min_nodes, min_macs)
     verdict = {node: capability.nodes[key] for node, key in keys.items()}
     order = {key: i for i, key in enumerate(capability.nodes)}
     nodes = sorted(keys, key=lambda n: order[keys[n]])
@@ -190,17 +203,24 @@ def partition(model: ir.Model, capability: CapabilityResult, *, min_nodes: int =
     # min_nodes, then subgraph ids in topological order of their first unit
     is_op = {n: verdict[n].role in ("op", "activation") for n in nodes}
     unit_ops = {u: 0 for u in units}
+    unit_macs = {u: 0 for u in units}
     for node, unit in unit_of.items():
         unit_ops[unit] += is_op[node]
+        unit_macs[unit] += verdict[node].macs or 0
     part: dict[str, int] = {u: CPU for u in units}
     reasons: dict[str, tuple[str, str]] = {}
     roots = sorted(groups.members, key=lambda r: min(position[u] for u in groups.members[r]))
     next_id = 0
     for root in roots:
         n_ops = sum(unit_ops[u] for u in groups.members[root])
-        if n_ops < min_nodes:
+        n_macs = sum(unit_macs[u] for u in groups.members[root])
+        if n_ops < min_nodes and not (min_macs and n_macs >= min_macs):
             for u in groups.members[root]:
-                reasons[u] = ("min_nodes", f"subgraph of {n_ops} ops is below the minimum {min_nodes}")
+                reasons[u] = (
+                    "min_nodes",
+                    f"subgraph of {n_ops} ops and {n_macs:,} MACs is below the minimum {min_nodes} ops / "
+                    f"{min_macs:,} MACs",
+                )
             continue
         for u in groups.members[root]:
             part[u] = next_id
@@ -214,11 +234,16 @@ def partition(model: ir.Model, capability: CapabilityResult, *, min_nodes: int =
             if value.is_graph_output():
                 found.add(CPU)
             for reader in value.consumers():
+                if reader.graph is not model.graph:  # read inside an If/Loop body: the CPU node owns it
+                    found.add(CPU)
+                    continue
                 found |= parts_of(reader, depth + 1) if depth < 8 else {CPU}
         return found
 
     placed = {n: parts_of(n) for n in nodes}
-    return _assemble(model, capability, keys, nodes, placed, unit_of, reasons, next_id, min_nodes, is_op)
+    result = _assemble(model, capability, keys, nodes, placed, unit_of, reasons, next_id, min_nodes, is_op)
+    result.min_macs = min_macs
+    return result
 
 
 def _assemble(model, capability, keys, nodes, placed, unit_of, reasons, count, min_nodes, is_op) -> Partition:
@@ -262,7 +287,8 @@ def _assemble(model, capability, keys, nodes, placed, unit_of, reasons, count, m
                 continue  # a copy: each part reads its own
             for value in node.outputs:
                 leaves = value.is_graph_output() or any(
-                    (placed[c] - {i}) if c not in unit_of else placed[c] != {i} for c in value.consumers()
+                    (placed.get(c, {CPU}) - {i}) if c not in unit_of else placed[c] != {i}
+                    for c in value.consumers()
                 )
                 if leaves and value.name and value.name not in outputs:
                     outputs.append(value.name)

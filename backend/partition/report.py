@@ -32,6 +32,8 @@ def to_dict(partition: Partition) -> dict[str, Any]:
         "version": PARTITION_VERSION,
         "target": partition.target,
         "min_nodes": partition.min_nodes,
+        "min_macs": partition.min_macs,
+        "advice": partition.advice,
         "summary": {
             "subgraphs": partition.num_subgraphs,
             "npu_nodes": partition.npu_nodes,
@@ -61,45 +63,80 @@ def to_dict(partition: Partition) -> dict[str, Any]:
     }
 
 
-def render_partition(partition: Partition, console: Console | None = None) -> None:
-    """Print the summary, one row per subgraph, then the CPU nodes grouped by rule."""
-    console = console or Console()
+def _headline(partition: Partition) -> str:
     share = f"{100 * partition.mac_share:.1f}%" if partition.total_macs else "n/a"
-    console.print(
+    return (
         f"[bold]{partition.target}[/]: {partition.num_subgraphs} NPU subgraph(s); "
         f"{partition.npu_nodes}/{partition.total_nodes} nodes ({partition.npu_ops}/{partition.total_ops} ops) "
         f"and {share} of {partition.total_macs:,} MACs on the NPU"
     )
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def render_partition(partition: Partition, console: Console | None = None, *, verbose: bool = True) -> None:
+    """Print the summary line, then the subgraphs and the CPU nodes grouped by rule.
+
+    ``verbose`` False (the CLI's default) fits a terminal: subgraphs with counts of boundary tensors,
+    one row per rule with its count and one example reason, quantizer copies (rule ``boundary``) as one
+    line; True lists tensor names and up to ``MAX_PER_REASON`` nodes per rule with their reasons.
+    """
+    console = console or Console()
+    console.print(_headline(partition), soft_wrap=True)
     if partition.subgraphs:
         table = Table(box=PLAIN_BOX, title="NPU subgraphs", title_justify="left")
         for col, justify in (("id", "right"), ("nodes", "right"), ("ops", "right"), ("MACs", "right")):
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
-        table.add_column("inputs")
-        table.add_column("outputs")
+        table.add_column("inputs", justify="left" if verbose else "right")
+        table.add_column("outputs", justify="left" if verbose else "right")
         for s in partition.subgraphs:
-            table.add_row(
-                str(s.id),
-                str(len(s.node_names)),
-                str(s.ops),
-                f"{s.macs:,}",
-                ", ".join(s.inputs),
-                ", ".join(s.outputs),
+            io_cols = (
+                (", ".join(s.inputs), ", ".join(s.outputs))
+                if verbose
+                else (str(len(s.inputs)), str(len(s.outputs)))
             )
+            table.add_row(str(s.id), str(len(s.node_names)), str(s.ops), f"{s.macs:,}", *io_cols)
         console.print(table)
-    if partition.cpu_nodes:
-        groups: dict[str, list[str]] = defaultdict(list)
-        for name in partition.cpu_nodes:
-            groups[partition.rules.get(name, "")].append(name)
+    if not partition.cpu_nodes:
+        return
+    groups: dict[str, list[str]] = defaultdict(list)
+    for name in partition.cpu_nodes:
+        groups[partition.rules.get(name, "")].append(name)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    if not verbose:
         table = Table(box=PLAIN_BOX, title="CPU nodes by rule", title_justify="left")
         table.add_column("rule")
-        table.add_column("node")
-        table.add_column("reason")
-        for rule, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-            for i, name in enumerate(names[:MAX_PER_REASON]):
-                table.add_row(f"{rule} ({len(names)})" if i == 0 else "", name, partition.cpu_nodes[name])
-            if len(names) > MAX_PER_REASON:
-                table.add_row("", f"... and {len(names) - MAX_PER_REASON} more", "")
-        console.print(table)
+        table.add_column("nodes", justify="right")
+        table.add_column("example")
+        limit = max(40, console.width - 30)
+        for rule, names in ordered:
+            if rule == "boundary":
+                continue
+            first = next(
+                (n for n in names if not partition.cpu_nodes[n].startswith("in the group")), names[0]
+            )
+            table.add_row(rule, str(len(names)), _short(partition.cpu_nodes[first], limit))
+        if table.row_count:
+            console.print(table)
+        if "boundary" in groups:
+            console.print(
+                f"{len(groups['boundary'])} quantize/dequantize node(s) stay with CPU readers (rule boundary); "
+                "--verbose lists every CPU node, --json gives all of them",
+                soft_wrap=True,
+            )
+        return
+    table = Table(box=PLAIN_BOX, title="CPU nodes by rule", title_justify="left")
+    table.add_column("rule")
+    table.add_column("node")
+    table.add_column("reason")
+    for rule, names in ordered:
+        for i, name in enumerate(names[:MAX_PER_REASON]):
+            table.add_row(f"{rule} ({len(names)})" if i == 0 else "", name, partition.cpu_nodes[name])
+        if len(names) > MAX_PER_REASON:
+            table.add_row("", f"... and {len(names) - MAX_PER_REASON} more", "")
+    console.print(table)
 
 
 def format_partition(partition: Partition, width: int = 160) -> str:

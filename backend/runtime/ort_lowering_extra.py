@@ -13,6 +13,8 @@ lets them (a constant operand is then laid out like the activation).
 - ``lincomb``: the terms ``M_i stored_i`` and the constant ``-sum M_i (Z_i + off_i)`` (plus ``M_c k`` for
   a scalar constant; a constant array is one more term, an int32 initializer) in ``emit_requant``.
 - ``matmul2``: ``MatMulInteger(u8, u8)`` with zero points ``Z + off`` (exact int32 sums), requantized.
+- ``prelu``: one ``Gather`` from the tables of every slope entry laid end to end, at
+  ``index * size + stored`` (``size`` stored codes per table; the index constant laid out like ``x``).
 - ``slice``, ``gather``, ``pad``: ONNX Slice / Gather / Pad on stored codes (an offset commutes with a
   selection; the pad code is stored as ``value + off``).
 """
@@ -166,6 +168,19 @@ def lower_pad(low: Any, op: Op, args: list[Any], ost: Storage, oinfo: TensorInfo
     return low.b.op("Pad", ins, mode=a["mode"])
 
 
+def lower_prelu(low: Any, op: Op, args: list[Any], ost: Storage, oinfo: TensorInfo) -> str:
+    """``table[index, q - qmin]`` as one Gather over the flattened, storage-shifted tables."""
+    (x,) = args
+    table = op.params["table"].astype(np.int64)
+    size = 256 if x.st.dtype == np.uint8 else 1 << 16
+    codes = np.arange(size) - x.st.offset - int(op.attrs["qmin_in"])
+    full = table[:, np.clip(codes, 0, table.shape[1] - 1)] + ost.offset
+    index = _for_layout(op.params["index"].astype(np.int64) * size, x.nhwc)
+    stored = low.b.op("Cast", [x.name], to=TensorProto.INT32)
+    at = low.b.op("Add", [stored, low.b.const(index, np.int32, "prelu_base")])
+    return low.b.op("Gather", [low.b.const(full.reshape(-1), ost.dtype, "prelu_table"), at], axis=0)
+
+
 #: Op kind -> lowering function (the hook in ``ort_lowering._Lowerer.lower``).
 LOWERINGS: dict[str, Callable[[Any, Op, list[Any], Storage, TensorInfo], str]] = {
     "mul": lower_mul,
@@ -174,6 +189,7 @@ LOWERINGS: dict[str, Callable[[Any, Op, list[Any], Storage, TensorInfo], str]] =
     "slice": lower_slice,
     "gather": lower_gather,
     "pad": lower_pad,
+    "prelu": lower_prelu,
 }
 #: Kinds that may run in their first input's layout (add them to the lowerer's elementwise set).
-ELEMENTWISE = frozenset({"mul", "lincomb"})
+ELEMENTWISE = frozenset({"mul", "lincomb", "prelu"})

@@ -9,6 +9,7 @@
   multiplier) and ``const`` only when the op has the param ``const``
 - ``matmul2``: ``q_y = clamp(R(((q_a - zp_a) @ (q_b - zp_b)) M, s) + zp_out)`` (numpy matmul, exact int64)
 - ``slice``, ``gather``, ``pad``: ONNX Slice / Gather / Pad index rules on codes (``lower_codes``)
+- ``prelu``: ``q_y = table[index, q_x - qmin_in]`` (``index`` broadcasts like the slope)
 
 Public API: ``KINDS``, ``execute``.
 """
@@ -89,6 +90,11 @@ def _pad(x: np.ndarray, op: Op) -> np.ndarray:
     return np.pad(x, width, mode=a["mode"])
 
 
+def _prelu(x: np.ndarray, op: Op) -> np.ndarray:
+    index = np.broadcast_to(op.params["index"].astype(np.int64), x.shape)
+    return op.params["table"].astype(np.int64)[index, x - op.attrs["qmin_in"]]
+
+
 _FNS: dict[str, Callable[[list[np.ndarray], Op], np.ndarray]] = {
     "mul": _mul,
     "lincomb": _lincomb,
@@ -96,6 +102,7 @@ _FNS: dict[str, Callable[[list[np.ndarray], Op], np.ndarray]] = {
     "slice": lambda args, op: _slice(args[0], op),
     "gather": lambda args, op: _gather(args[0], op),
     "pad": lambda args, op: _pad(args[0], op),
+    "prelu": lambda args, op: _prelu(args[0], op),
 }
 #: The op kinds this module executes.
 KINDS = frozenset(_FNS)

@@ -145,8 +145,9 @@ def test_a_mixed_precision_choice_compiles_for_the_target_and_runs_bit_exact(
     digits: Path, tmp_path: Path
 ) -> None:
     """zhouyi-x2 lists int16: the raised layers get 16-bit activations, the model still compiles with every
-    MAC on the NPU, and the simulated NPU agrees with the fake-quant model to one step of the output grid
-    (zhouyi-x2's requantization rounds its own way, not as ONNX Runtime's QuantizeLinear)."""
+    MAC on the NPU, and the simulated NPU agrees with the fake-quant model within one output step or 0.2%
+    of the logits' spread (zhouyi-x2's requantization rounds its own way, not as ONNX Runtime's
+    QuantizeLinear)."""
     import zonnx
     from zonnx.backend.compile_api import compile_model
     from zonnx.build_npu import target_quantize_kwargs
@@ -170,4 +171,7 @@ def test_a_mixed_precision_choice_compiles_for_the_target_and_runs_bit_exact(
     )
     for feed in _feeds(8, 200):
         a, b = npu.run(None, feed)[0], fake.run(None, feed)[0]
-        assert np.abs(a - b).max() <= step * 1.001 and a.argmax() == b.argmax()
+        # the residual Add runs on the NPU too (zhouyi-x2's eltwise rounding); with int16 logits one output
+        # step is finer than the int8 rounding before the Gemm, so the bound is the larger of one step
+        # and 0.2% of the logits' spread
+        assert np.abs(a - b).max() <= max(step * 1.001, 0.002 * np.ptp(b)) and a.argmax() == b.argmax()

@@ -120,7 +120,16 @@ class Pipeline:
             if self.verify.feeds is not None
             else make_inputs(proto, seed=self.verify.seed, shapes=self.verify.shapes)
         )
-        return feeds, run_ort(proto, feeds)
+        try:
+            return feeds, run_ort(proto, feeds)
+        except VerificationError as e:
+            if self.verify.feeds is not None:
+                raise
+            shown = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in feeds.items())
+            raise VerificationError(
+                f"the input model fails on generated inputs ({shown}): {e} Give real inputs with "
+                "--inputs FILE.npz, or the shapes the model needs with --input-shape NAME:D1,D2,..."
+            ) from None
 
     def _check(self, model: ir.Model, pass_name: str, ref, record: PassRecord) -> list[OutputDiff] | None:
         assert self.verify is not None

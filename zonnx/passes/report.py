@@ -7,10 +7,10 @@ __all__ = ["render_pipeline_report", "pipeline_report_dict"]
 from collections import Counter
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from zonnx.inspection.render import PLAIN_BOX
 from zonnx.passes.pipeline import PipelineReport
 
 
@@ -51,10 +51,9 @@ def pipeline_report_dict(report: PipelineReport) -> dict[str, Any]:
 
 def render_pipeline_report(report: PipelineReport, console: Console, *, show_misses: int = 5) -> None:
     """Print the per-pass table, then the misses (why rules did not fire), then the numeric check."""
-    ascii_only = not console.is_terminal
     table = Table(
         title=f"passes ({report.rounds} round{'s' if report.rounds != 1 else ''}, {report.seconds:.2f} s)",
-        box=box.ASCII if ascii_only else box.SIMPLE_HEAVY,
+        box=PLAIN_BOX,
         title_justify="left",
     )
     for col, kw in [

@@ -344,6 +344,10 @@ def quantize_static(
             model, calibration_data_reader, cfg.extra, providers=calibration_providers
         )
     _check_node_names(model, cfg)
+    if not cfg.extra.enable_subgraph:
+        from zonnx.quantization.control_flow import warn_control_flow
+
+        warn_control_flow(model)
     plan = annotate(model, _annotate_config(model, cfg))
     if not plan.tensors:
         raise OptionError(

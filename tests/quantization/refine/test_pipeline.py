@@ -90,6 +90,8 @@ def _refine(
 
 def test_the_passes_in_order() -> None:
     assert [cls.name for cls in REFINE_PASSES] == [
+        "refine-prelu-slope",
+        "refine-unfused-activation",
         "refine-leaky-relu",
         "refine-sigmoid",
         "refine-eltwise",

@@ -161,7 +161,9 @@ class NpzReader:
         feed = {}
         for k, a in self._arrays.items():
             if self._ranks.get(k, a.ndim) < a.ndim:
-                feed[k] = np.ascontiguousarray(a[i])
+                feed[k] = np.array(
+                    a[i]
+                )  # a copy that keeps 0-d samples 0-d (ascontiguousarray makes them 1-d)
             else:
                 feed[k] = np.ascontiguousarray(a[i * self.batch_size : (i + 1) * self.batch_size])
         return feed

@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from zonnx.backend.targets import Target, load_target
 from zonnx.passes.base import Changes
+from zonnx.quantization.refine.activation_inputs import PReluSlopePass, UnfusedActivationPass
 from zonnx.quantization.refine.avgpool import AvgPoolFactorPass
 from zonnx.quantization.refine.base import RefinePass
 from zonnx.quantization.refine.concat import AlignConcatPass
@@ -24,8 +25,12 @@ from zonnx.quantization.refine.sigmoid import SigmoidRangePass
 logger = logging.getLogger(__name__)
 
 #: The rules in the order they run: vai_q_onnx's (sigmoid, shift_read/write, shift_cut, shift_bias,
-#: concat, pool), with the slope rewrite first and the avgpool factor (a graph change) last.
+#: concat, pool), with the slope rewrites first and the avgpool factor (a graph change) last. The two
+#: activation-input passes come first: they give the compiler quantized PRelu slopes and a quantizer
+#: between an op and an activation the target cannot fuse into it.
 REFINE_PASSES: tuple[type[RefinePass], ...] = (
+    PReluSlopePass,
+    UnfusedActivationPass,
     LeakyReluSlopePass,
     SigmoidRangePass,
     EltwiseShiftPass,
