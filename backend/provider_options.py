@@ -3,7 +3,8 @@
 Options (ORT passes strings; VOE spellings ``cacheDir``, ``cacheKey``, ``configFile`` accepted):
 ``target`` ("dpu-b4096"), ``cache_dir``, ``cache_key``, ``config_file`` (a JSON object of these options;
 keys given directly win), ``executor`` ("auto" | "ort" | "reference"), ``fallback`` ("none" | "cpu"),
-``min_nodes`` (2), ``enable_cache`` ("1").
+``min_nodes`` (2), ``enable_cache`` ("1"), ``kernels`` ("auto" | "native" | "onnx": the native kernel
+library or the pure-ONNX lowering, ``zonnx.backend.native.loader``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class NpuOptions:
     fallback: str = "none"
     min_nodes: int = 2
     enable_cache: bool = True
+    kernels: str = "auto"
 
     def as_strings(self) -> dict[str, str]:
         return {
@@ -45,7 +47,11 @@ class NpuOptions:
         }
 
 
-_CHOICES = {"executor": ("auto", "ort", "reference"), "fallback": ("none", "cpu")}
+_CHOICES = {
+    "executor": ("auto", "ort", "reference"),
+    "fallback": ("none", "cpu"),
+    "kernels": ("auto", "native", "onnx"),
+}
 
 
 def _value(key: str, value: Any) -> Any:

@@ -1,0 +1,173 @@
+"""ONNX nodes for the native kernel library's custom ops (domain ``zonnx.native``), bit-exact to the reference.
+
+The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds four CPU kernels to ORT:
+
+- ``RequantU8`` / ``RequantI32``: ``y = clamp(R((sum_t M_t[c] x_t + K[c]) / 2^s[c]) + zs, lo, hi)`` over one to
+  four integer inputs of one shape (uint8, int32 or int64), per channel ``c`` along the axis
+  ``caxis_from_end`` places from the end (inputs of different shapes broadcast like numpy, on a slower
+  scalar loop), in the stored domain (``ort_kernels`` storage), with the
+  rounding ``R`` of ``requant.rshift_round`` (``mode`` indexes ``ROUND_MODES``). Products are int64
+  when ``sum max|x_t| max|M_t| + max|K| < 2^62`` and ``__int128`` otherwise (``wide``), so the result
+  is the exact integer formula with no float step; shifts must lie in [0, 62] (negative shifts are
+  folded into ``M`` and ``K`` as exact left shifts, as ``emit_requant`` does).
+- ``Im2col``: NHWC ``[N, H, W, C] -> [N, OH, OW, KH KW C]`` uint8 with the stored pad value outside the
+  input, columns in (kh, kw, c) order (the weight layout of ``emit_im2col_matmul``); ``plane`` 1/2 take
+  the low/high byte of int32-stored 16-bit codes.
+- ``BytePlane``: that byte selection elementwise.
+
+So a convolution is ``Im2col -> MatMulInteger -> RequantU8`` (three passes) instead of Pad, one Slice per
+tap, Concat, MatMulInteger and four to five float64 passes; a 16-bit one is one Im2col and one
+MatMulInteger per byte plane and a single ``Requant`` whose terms are the planes with multipliers
+``256^k M`` (``sum x w = sum_ij 256^(i+j) sum x_i w_j``, ``ort_wide``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["NATIVE_DOMAIN", "emit_native_requant", "emit_im2col", "emit_byte_plane", "native_plane_terms"]
+
+import logging
+
+import numpy as np
+
+from zonnx.backend.compiler.requant import ROUND_MODES, canonical_round_mode
+from zonnx.hostcpu import IntPath
+
+from .ort_kernels import Builder, KernelError, Storage, Term, int8_weights
+
+logger = logging.getLogger(__name__)
+
+NATIVE_DOMAIN = "zonnx.native"
+_I62 = 1 << 62
+_I63 = 1 << 63
+_OPS = {np.dtype(np.uint8): "RequantU8", np.dtype(np.int32): "RequantI32"}
+
+
+def emit_native_requant(
+    b: Builder,
+    terms: list[Term],
+    const: np.ndarray,
+    shift: np.ndarray,
+    mode: str,
+    zp: int,
+    lo: int,
+    hi: int,
+    out_storage: Storage,
+    bshape: tuple[int, ...],
+    *,
+    where: str,
+) -> str | None:
+    """One ``Requant`` node for ``emit_requant``'s formula (same arguments), or None when it cannot take it.
+
+    None for more than four terms, a shift
+    above 62 or an integer that does not fit int64 (the ONNX lowering then handles the op).
+    """
+    op_type = _OPS.get(np.dtype(out_storage.dtype))
+    if op_type is None or not 1 <= len(terms) <= 4:
+        return None
+    s = np.asarray(shift, dtype=np.int64).reshape(-1)
+    sizes = [s.size, np.asarray(const).size] + [np.asarray(t.multiplier).size for t in terms]
+    n = max(sizes)
+    if any(v not in (1, n) for v in sizes):
+        return None
+    s = np.broadcast_to(s, (n,))
+    left = [max(-int(v), 0) for v in s]
+    ms = [
+        [
+            int(v) << sh
+            for v, sh in zip(np.broadcast_to(np.asarray(t.multiplier).reshape(-1), (n,)), left, strict=True)
+        ]
+        for t in terms
+    ]
+    cs = [
+        int(v) << sh for v, sh in zip(np.broadcast_to(np.asarray(const).reshape(-1), (n,)), left, strict=True)
+    ]
+    shifts = [max(int(v), 0) for v in s]
+    if max(shifts) > 62 or any(abs(v) >= _I63 for v in cs + [m for row in ms for m in row]):
+        return None
+    off = out_storage.offset
+    zs, los, his = zp + off, max(lo, 0 - off) + off, hi + off
+    if los < 0:
+        raise KernelError(f"op {where!r}: clamp bound {lo} is below the storage range.")
+    bound = sum(t.xmax * max(abs(v) for v in m) for t, m in zip(terms, ms, strict=True)) + max(
+        abs(v) for v in cs
+    )
+    if n == 1:
+        caxis = 0
+    else:
+        caxis = len(bshape) - 1 if bshape else 0
+    return b.op(
+        op_type,
+        [t.name for t in terms],
+        terms=len(terms),
+        mult=[v for row in ms for v in row],
+        cnst=cs,
+        shift=shifts,
+        mode=ROUND_MODES.index(canonical_round_mode(mode)),
+        zs=int(zs),
+        lo=int(los),
+        hi=int(his),
+        caxis_from_end=caxis,
+        wide=int(bound >= _I62),
+        domain=NATIVE_DOMAIN,
+    )
+
+
+def emit_im2col(
+    b: Builder,
+    x: str,
+    kernel: list[int],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    pad: int,
+    plane: int,
+) -> str:
+    """``Im2col`` of an NHWC tensor (module docstring); ``pad`` is the stored pad value."""
+    return b.op(
+        "Im2col",
+        [x],
+        kernel=list(kernel),
+        strides=list(strides),
+        pads=list(pads),
+        dilations=list(dilations),
+        pad_value=int(pad),
+        plane=int(plane),
+        domain=NATIVE_DOMAIN,
+    )
+
+
+def emit_byte_plane(b: Builder, x: str, plane: int) -> str:
+    """The low (1) or high (2) byte of an int32-stored 16-bit tensor, as uint8."""
+    return b.op("BytePlane", [x], plane=int(plane), domain=NATIVE_DOMAIN)
+
+
+def _weight_planes(w: np.ndarray) -> list[tuple[np.ndarray, int, bool]]:
+    """[(plane, byte power, signed)]: int8 weights as one signed plane, else unsigned low + signed high."""
+    w = w.astype(np.int64)
+    if w.size == 0 or (int(w.min()) >= -128 and int(w.max()) <= 127):
+        return [(w, 0, True)]
+    lo = w & 255
+    return [(lo, 0, False), ((w - lo) >> 8, 1, True)]
+
+
+def native_plane_terms(
+    b: Builder, planes: list[tuple[str, int]], wm: np.ndarray, multiplier: np.ndarray, path: IntPath
+) -> list[Term]:
+    """Requant terms ``256^(i+j) M (x_i @ w_j)``: one MatMulInteger per input plane ``x_i`` (uint8, its
+    byte power ``i``) and weight plane ``w_j`` of the (K, N) weights ``wm`` (exact int32 sums: K 255 255 <
+    2^31, checked)."""
+    k = wm.shape[0]
+    if k * 255 * 255 >= 1 << 31:
+        raise KernelError(f"{k} products per output overflow int32 byte-plane sums.")
+    m = np.asarray(multiplier, dtype=object).reshape(-1)
+    terms = []
+    for name, i in planes:
+        for wj, j, signed in _weight_planes(wm):
+            if signed:
+                wname, wzp = int8_weights(b, wj, path)
+            else:
+                wname, wzp = b.const(wj.astype(np.uint8), np.uint8, "w"), b.const(0, np.uint8, "wzp")
+            mm = b.op("MatMulInteger", [name, wname, b.const(0, np.uint8, "xzp"), wzp])
+            xmax = k * 255 * int(np.abs(wj).max(initial=0))
+            terms.append(Term(mm, m * (256 ** (i + j)), xmax))
+    return terms
