@@ -91,10 +91,7 @@ def emit_native_requant(
     bound = sum(t.xmax * max(abs(v) for v in m) for t, m in zip(terms, ms, strict=True)) + max(
         abs(v) for v in cs
     )
-    if n == 1:
-        caxis = 0
-    else:
-        caxis = len(bshape) - 1 if bshape else 0
+    caxis = len(bshape) - 1 if n > 1 and bshape else 0  # bshape (-1, 1, 1): NCHW; () or (-1,): last axis
     return b.op(
         op_type,
         [t.name for t in terms],
