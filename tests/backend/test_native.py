@@ -103,12 +103,13 @@ def test_requant_two_terms_broadcast(mode: str) -> None:
         assert np.array_equal(sess.run(None, {"a": a, "c": cc})[0], want)
 
 
+@pytest.mark.parametrize("dil", [[1, 2], [2, 1]])  # [2, 1]: adjacent taps copied as one run
 @pytest.mark.parametrize("plane", [0, 1, 2])
-def test_im2col_and_byte_planes(plane: int) -> None:
+def test_im2col_and_byte_planes(plane: int, dil: list[int]) -> None:
     rng = np.random.default_rng(plane)
     dtype, hi = (np.uint8, 256) if plane == 0 else (np.int32, 1 << 16)
     x = rng.integers(0, hi, size=(2, 7, 6, 3)).astype(dtype)
-    kernel, strides, pads, dil, pad = [3, 2], [2, 1], [1, 0, 2, 1], [1, 2], 300 if plane else 9
+    kernel, strides, pads, pad = [3, 2], [2, 1], [1, 0, 2, 1], 300 if plane else 9
     b = Builder("i")
     y = emit_im2col(b, "x", kernel, strides, pads, dil, pad, plane)
     onnx_type = TensorProto.UINT8 if plane == 0 else TensorProto.INT32

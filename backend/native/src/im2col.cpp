@@ -88,6 +88,14 @@ struct Im2colKernel {
         for (int64_t ox = 0; ox < ow; ++ox) {
           for (int64_t i = 0; i < kh; ++i) {
             const int64_t iy = oy * sh - pt + i * dh;
+            const int64_t ix0 = ox * sw - pl;
+            if (plane == 0 && dw == 1 && iy >= 0 && iy < h && ix0 >= 0 && ix0 + kw <= w) {
+              // the kw taps of this row are adjacent in the input: one copy of kw * c bytes
+              std::memcpy(dst, static_cast<const uint8_t*>(xv) + ((b * h + iy) * w + ix0) * c,
+                          static_cast<size_t>(kw * c));
+              dst += kw * c;
+              continue;
+            }
             for (int64_t j = 0; j < kw; ++j, dst += c) {
               const int64_t ix = ox * sw - pl + j * dw;
               if (iy < 0 || iy >= h || ix < 0 || ix >= w) {
