@@ -210,14 +210,14 @@ class _Lowerer(CodeOps):
             xm = wm.shape[0] * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
             const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
             return self._req(op, [Term(mm, m, xm)], const, ost, (-1,))
-        planes = (
-            [(emit_im2col(self.b, x.name, *geo, 0), 0)]
-            if x.st.dtype == np.uint8
-            else [
-                (emit_im2col(self.b, x.name, *geo, 1), 0),
-                (emit_im2col(self.b, x.name, *geo, 2), 1),
+        if x.st.dtype == np.uint8:
+            planes = [(emit_im2col(self.b, x.name, *geo, 0), 0)]
+        else:  # split the stored codes into byte planes once, then im2col each plane by copies
+            lo, hi = emit_byte_plane(self.b, x.name, 1), emit_byte_plane(self.b, x.name, 2)
+            planes = [
+                (emit_im2col(self.b, lo, *geo[:4], zs & 255, 0), 0),
+                (emit_im2col(self.b, hi, *geo[:4], zs >> 8, 0), 1),
             ]
-        )
         terms = native_plane_terms(self.b, planes, wm, m, self.path)
         const = m * (op.params["bias"].astype(object) - x.st.offset * wsum.astype(object))
         return self._req(op, terms, const, ost, (-1,))
