@@ -62,7 +62,15 @@ from .ort_kernels import (
     to_storage,
 )
 from .ort_lowering_codes import CodeOps
-from .ort_native import NATIVE_DOMAIN, emit_byte_plane, emit_im2col, emit_native_requant, native_plane_terms
+from .ort_native import (
+    NATIVE_DOMAIN,
+    emit_byte_plane,
+    emit_dwconv,
+    emit_im2col,
+    emit_native_requant,
+    is_depthwise,
+    native_plane_terms,
+)
 from .ort_qlinear import conv_plan, emit_float32_add, emit_qlinear_add, emit_qlinear_conv
 from .ort_wide import emit_wide_conv, emit_wide_matmul, is_int8
 from .qlinear_exact import ConvRequant
@@ -202,6 +210,11 @@ class _Lowerer(CodeOps):
         o, c, kh, kw = w.shape
         wm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o))
         zs = int(a["pad_value"]) + x.st.offset
+        if a["group"] != 1:  # depthwise (_wants_nhwc): DwConv sums (x - zs) w, the pad code adds 0
+            acc = emit_dwconv(self.b, x.name, w, a["strides"], a["pads"], a["dilations"], zs)
+            xm = kh * kw * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
+            const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+            return self._req(op, [Term(acc, m, xm)], const, ost, (-1,))
         geo = (list(w.shape[2:]), a["strides"], a["pads"], a["dilations"], zs)
         if x.st.dtype == np.uint8 and is_int8(w):  # one uint8 plane with the pad code as zero point
             col = emit_im2col(self.b, x.name, *geo, 0)
@@ -345,7 +358,10 @@ def _wants_nhwc(op: Op, x: _Val, native: bool = False) -> bool:
         return False
     if op.kind == "conv":
         if native:
-            return op.attrs["group"] == 1
+            shape = x.info.shape
+            cin = shape[1] if shape is not None and isinstance(shape[1], int) else None
+            depthwise = x.st.dtype == np.uint8 and is_depthwise(op.params["w"], op.attrs["group"], cin)
+            return op.attrs["group"] == 1 or depthwise
         return op.attrs["group"] == 1 and x.st.dtype == np.uint8 and is_int8(op.params["w"])
     if op.kind == "avgpool":
         return bool(op.attrs.get("global")) and x.nhwc

@@ -14,6 +14,8 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds fo
   input, columns in (kh, kw, c) order (the weight layout of ``emit_im2col_matmul``); ``plane`` 1/2 take
   the low/high byte of int32-stored 16-bit codes.
 - ``BytePlane``: that byte selection elementwise.
+- ``DwConv``: depthwise convolution of an NHWC uint8 tensor with int8 weights (attribute, ``[C, kh, kw]``),
+  ``sum (x - zp) w`` in int32 (exact: ``kh kw 255 128 < 2^31``), positions outside the input adding 0.
 
 So a convolution is ``Im2col -> MatMulInteger -> RequantU8`` (three passes) instead of Pad, one Slice per
 tap, Concat, MatMulInteger and four to five float64 passes; a 16-bit one is one Im2col and one
@@ -23,7 +25,15 @@ MatMulInteger per byte plane and a single ``Requant`` whose terms are the planes
 
 from __future__ import annotations
 
-__all__ = ["NATIVE_DOMAIN", "emit_native_requant", "emit_im2col", "emit_byte_plane", "native_plane_terms"]
+__all__ = [
+    "NATIVE_DOMAIN",
+    "emit_native_requant",
+    "emit_im2col",
+    "emit_byte_plane",
+    "emit_dwconv",
+    "is_depthwise",
+    "native_plane_terms",
+]
 
 import logging
 
@@ -136,6 +146,34 @@ def emit_im2col(
 def emit_byte_plane(b: Builder, x: str, plane: int) -> str:
     """The low (1) or high (2) byte of an int32-stored 16-bit tensor, as uint8."""
     return b.op("BytePlane", [x], plane=int(plane), domain=NATIVE_DOMAIN)
+
+
+def is_depthwise(w: np.ndarray, group: int, channels_in: int | None) -> bool:
+    """One int8 filter per input channel (``DwConv`` takes it): ``group == C_in == C_out``, 2-D."""
+    return (
+        w.ndim == 4
+        and w.shape[1] == 1
+        and group == w.shape[0]
+        and channels_in in (None, group)
+        and bool(w.size == 0 or (int(w.min()) >= -128 and int(w.max()) <= 127))
+    )
+
+
+def emit_dwconv(
+    b: Builder, x: str, w: np.ndarray, strides: list[int], pads: list[int], dilations: list[int], zp: int
+) -> str:
+    """``DwConv`` of an NHWC uint8 tensor: int32 ``sum (x - zp) w`` per channel (module docstring)."""
+    return b.op(
+        "DwConv",
+        [x],
+        weights=[int(v) for v in w.reshape(-1)],
+        kernel=list(w.shape[2:]),
+        strides=list(strides),
+        pads=list(pads),
+        dilations=list(dilations),
+        x_zero_point=int(zp),
+        domain=NATIVE_DOMAIN,
+    )
 
 
 def _weight_planes(w: np.ndarray) -> list[tuple[np.ndarray, int, bool]]:

@@ -13,7 +13,7 @@
 namespace zonnx_native {
 
 // Bumped whenever an op's inputs, attributes or semantics change; checked by the Python loader.
-constexpr int64_t kAbiVersion = 1;
+constexpr int64_t kAbiVersion = 2;
 constexpr const char* kDomain = "zonnx.native";
 
 // Runs fn(i) for i in [0, total) on the session's intra-op thread pool.
@@ -41,6 +41,7 @@ const OrtCustomOp* requant_u8_op();
 const OrtCustomOp* requant_i32_op();
 const OrtCustomOp* im2col_op();
 const OrtCustomOp* byteplane_op();
+const OrtCustomOp* dwconv_op();
 
 int64_t element_count(const std::vector<int64_t>& shape);
 
