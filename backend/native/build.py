@@ -7,7 +7,7 @@ extracted to ``<native dir>/headers``. Nothing of it is committed. The library t
 the ``OrtApiBase*`` that ``RegisterCustomOps`` receives (``GetApi(17)``); it does not link libonnxruntime.
 
 Build: every source compiled in parallel with ``g++ -std=c++17 -O3 -fPIC -fvisibility=hidden -Wall
--Wextra`` (portable x86-64 baseline: no ``-march=native``, the kernels are pure integer code and exact on
+-Wextra -Wshadow`` (ORT's headers as system headers; portable x86-64 baseline: no ``-march=native``, the kernels are pure integer code and exact on
 every CPU), linked ``-shared``. The library is cached as ``<native dir>/<key>/libzonnx_npu_kernels.so``
 where ``key`` hashes the sources, the flags and the ABI version, so a source change builds a new library
 and a stale one is never loaded. ``<native dir>`` is ``$ZONNX_NATIVE_DIR``, else
@@ -56,7 +56,7 @@ _HEADERS = (
     "onnxruntime_cxx_inline.h",
     "onnxruntime_float16.h",
 )
-FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra")
+FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wshadow")
 SANITIZE = ("-fsanitize=undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer")
 
 
@@ -161,7 +161,7 @@ def build_library(force: bool = False, sanitize: bool = False) -> BuildResult:
         procs = []
         with log.open("w", encoding="utf-8") as fh:
             for src in (p for p in _sources() if p.suffix == ".cpp"):
-                cmd = [cxx, *flags, f"-I{hdr}", "-c", str(src), "-o", str(work / (src.stem + ".o"))]
+                cmd = [cxx, *flags, "-isystem", str(hdr), "-c", str(src), "-o", str(work / (src.stem + ".o"))]
                 fh.write(" ".join(cmd) + "\n")
                 fh.flush()
                 procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT))

@@ -216,8 +216,9 @@ class _Lowerer(CodeOps):
             const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
             return self._req(op, [Term(acc, m, xm)], const, ost, (-1,))
         geo = (list(w.shape[2:]), a["strides"], a["pads"], a["dilations"], zs)
+        pointwise = (kh, kw) == (1, 1) and list(a["strides"]) == [1, 1] and not any(a["pads"])
         if x.st.dtype == np.uint8 and is_int8(w):  # one uint8 plane with the pad code as zero point
-            col = emit_im2col(self.b, x.name, *geo, 0)
+            col = x.name if pointwise else emit_im2col(self.b, x.name, *geo, 0)
             wname, wzp = int8_weights(self.b, wm.astype(np.int8), self.path)
             mm = self.b.op("MatMulInteger", [col, wname, self.b.const(zs, np.uint8, "xzp"), wzp])
             xm = wm.shape[0] * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))

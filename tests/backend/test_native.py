@@ -19,7 +19,13 @@ from zonnx.backend import native
 from zonnx.backend.compiler import quantize_multiplier
 from zonnx.backend.compiler.requant import ROUND_MODES, requantize
 from zonnx.backend.runtime.ort_kernels import Builder, Term, storage_of
-from zonnx.backend.runtime.ort_native import NATIVE_DOMAIN, emit_byte_plane, emit_im2col, emit_native_requant
+from zonnx.backend.runtime.ort_native import (
+    NATIVE_DOMAIN,
+    emit_byte_plane,
+    emit_dwconv,
+    emit_im2col,
+    emit_native_requant,
+)
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
 
@@ -198,3 +204,32 @@ def test_build_reports_a_compile_error(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(native.NativeBuildError, match="no C\\+\\+ compiler"):
         build.build_library()
+
+
+@pytest.mark.parametrize(
+    ("c", "stride", "pad", "dil"), [(32, 1, 1, 1), (32, 2, 1, 1), (7, 1, 2, 2), (2000, 1, 1, 1)]
+)
+def test_dwconv_matches_numpy(c: int, stride: int, pad: int, dil: int) -> None:
+    """Depthwise sums (x - zp) w with the pad code adding 0; stride 1 runs whole rows per tap."""
+    rng = np.random.default_rng(c)
+    w = rng.integers(-128, 128, size=(c, 1, 3, 3))
+    x = rng.integers(0, 256, size=(2, 9, 8, c)).astype(np.uint8)
+    x[0] = 255
+    b = Builder("d")
+    y = emit_dwconv(b, "x", w, [stride, stride], [pad] * 4, [dil, dil], 7)
+    got = lowered_session(_model(b, y, [("x", TensorProto.UINT8, None)], TensorProto.INT32), True).run(
+        None, {"x": x}
+    )[0]
+    xp = np.pad(x.astype(np.int64) - 7, [(0, 0), (pad, pad), (pad, pad), (0, 0)])
+    oh, ow = ((s + 2 * pad - 2 * dil - 1) // stride + 1 for s in x.shape[1:3])
+    want = sum(
+        xp[
+            :,
+            i * dil : i * dil + stride * (oh - 1) + 1 : stride,
+            j * dil : j * dil + stride * (ow - 1) + 1 : stride,
+        ]
+        * w[:, 0, i, j]
+        for i in range(3)
+        for j in range(3)
+    )
+    assert got.shape == want.shape and np.array_equal(got, want)

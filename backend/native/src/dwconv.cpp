@@ -23,7 +23,9 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void tap_row(const u
 struct DwConvKernel {
   int64_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, channels;
   int32_t zp;
-  std::vector<int32_t> w;  // [kh, kw, C]
+  std::vector<int32_t> w;   // [kh, kw, C]
+  int64_t tile = 0;         // a multiple of C near 1024
+  std::vector<int32_t> wt;  // [kh, kw, tile]: each tap's weights repeated
 
   explicit DwConvKernel(const OrtKernelInfo* info) {
     Ort::ConstKernelInfo ki(info);
@@ -31,24 +33,28 @@ struct DwConvKernel {
     auto s = ki.GetAttributes<int64_t>("strides");
     auto d = ki.GetAttributes<int64_t>("dilations");
     auto p = ki.GetAttributes<int64_t>("pads");
-    auto wt = ki.GetAttributes<int64_t>("weights");
+    auto wa = ki.GetAttributes<int64_t>("weights");
     if (k.size() != 2 || s.size() != 2 || d.size() != 2 || p.size() != 4)
       throw std::runtime_error("DwConv: kernel, strides, dilations take 2 values and pads 4");
     kh = k[0]; kw = k[1]; sh = s[0]; sw = s[1]; dh = d[0]; dw = d[1];
     pt = p[0]; pl = p[1]; pb = p[2]; pr = p[3];
     zp = static_cast<int32_t>(ki.GetAttribute<int64_t>("x_zero_point"));
     if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0 || pb < 0 || pr < 0 || zp < 0 ||
-        zp > 255 || kh * kw > 65535 || wt.empty() || wt.size() % static_cast<size_t>(kh * kw) != 0)
+        zp > 255 || kh * kw > 65535 || wa.empty() || wa.size() % static_cast<size_t>(kh * kw) != 0)
       throw std::runtime_error("DwConv: bad kernel, stride, dilation, pad, zero point or weights attribute");
-    channels = static_cast<int64_t>(wt.size()) / (kh * kw);
-    w.resize(wt.size());
+    channels = static_cast<int64_t>(wa.size()) / (kh * kw);
+    w.resize(wa.size());
     for (int64_t c = 0; c < channels; ++c) {
       for (int64_t t = 0; t < kh * kw; ++t) {
-        const int64_t v = wt[c * kh * kw + t];
+        const int64_t v = wa[c * kh * kw + t];
         if (v < -128 || v > 127) throw std::runtime_error("DwConv: weights must be int8 values");
         w[t * channels + c] = static_cast<int32_t>(v);
       }
     }
+    tile = channels * std::max<int64_t>(1, 1024 / channels);
+    wt.resize(static_cast<size_t>(kh * kw * tile));
+    for (int64_t t = 0; t < kh * kw; ++t)
+      for (int64_t e = 0; e < tile; ++e) wt[t * tile + e] = w[t * channels + e % channels];
   }
 
   void Compute(OrtKernelContext* context) {
@@ -73,9 +79,25 @@ struct DwConvKernel {
       const int64_t r1 = std::min<int64_t>(rows, (static_cast<int64_t>(task) + 1) * per_task);
       for (int64_t r = static_cast<int64_t>(task) * per_task; r < r1; ++r) {
         const int64_t b = r / oh, oy = r % oh;
-        for (int64_t ox = 0; ox < ow; ++ox) {
+        int32_t* row = y + r * ow * c;
+        std::memset(row, 0, sizeof(int32_t) * static_cast<size_t>(ow * c));
+        // stride 1: for each tap, the outputs whose input lies inside form one run, contiguous in both the
+        // input and the output, weighted by the tap's weights repeated every c (wt)
+        for (int64_t i = 0; sw == 1 && i < kh; ++i) {
+          const int64_t iy = oy * sh - pt + i * dh;
+          if (iy < 0 || iy >= h) continue;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t off = j * dw - pl;  // ix = ox + off
+            const int64_t o0 = std::max<int64_t>(0, -off), o1 = std::min<int64_t>(ow, wd - off);
+            if (o1 <= o0) continue;
+            const uint8_t* src = xv + ((b * h + iy) * wd + o0 + off) * c;
+            const int32_t* wrow = wt.data() + (i * kw + j) * tile;
+            for (int64_t e = 0, len = (o1 - o0) * c; e < len; e += tile)
+              tap_row(src + e, wrow, row + o0 * c + e, std::min<int64_t>(tile, len - e), zp);
+          }
+        }
+        for (int64_t ox = 0; sw != 1 && ox < ow; ++ox) {
           int32_t* acc = y + (r * ow + ox) * c;
-          std::memset(acc, 0, sizeof(int32_t) * static_cast<size_t>(c));
           for (int64_t i = 0; i < kh; ++i) {
             const int64_t iy = oy * sh - pt + i * dh;
             if (iy < 0 || iy >= h) continue;

@@ -35,6 +35,10 @@ struct Params {
   std::vector<int64_t> mult, cnst, half;
   std::vector<int> shift;
   std::vector<int64_t> shift64, addend, bmask;  // the single-shift form of the int64 loops
+  // The same per-channel arrays repeated to a length L (a multiple of the channels, about 1024): a
+  // channels-last tensor is then requantized in rows of L elements instead of one row per position.
+  int64_t tile = 0;
+  std::vector<int64_t> mult_t, cnst_t, shift_t, addend_t, bmask_t;
   int mode = 0, kind = 0;
   int64_t zs = 0, lo = 0, hi = 0;
   bool wide = false;
@@ -162,7 +166,7 @@ template <typename Out>
 void wide_row(const std::vector<const void*>& xs, const std::vector<ONNXTensorElementDataType>& ts,
               int64_t off, int64_t n, Out* y, const Params& p, int64_t c0, bool lanes) {
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t c = lanes ? c0 + j : c0;
+    const int64_t c = lanes ? (c0 + j) % p.channels : c0;
     __int128 acc = p.cnst[c];
     for (int t = 0; t < p.terms; ++t) acc += static_cast<__int128>(p.mult[t * p.channels + c]) * load(xs[t], ts[t], off + j);
     const __int128 h = p.half[c];
@@ -221,6 +225,16 @@ struct RequantKernel {
       p.bmask.push_back(b);
     }
     p.kind = p.mode == kHalfEven ? kParity : ((p.mode == kHalfAway || p.mode == kTrunc) ? kSign : kPlain);
+    p.tile = p.channels * std::max<int64_t>(1, 1024 / p.channels);
+    for (int t = 0; t < p.terms; ++t)
+      for (int64_t j = 0; j < p.tile; ++j) p.mult_t.push_back(p.mult[t * p.channels + j % p.channels]);
+    for (int64_t j = 0; j < p.tile; ++j) {
+      const int64_t c = j % p.channels;
+      p.cnst_t.push_back(p.cnst[c]);
+      p.shift_t.push_back(p.shift64[c]);
+      p.addend_t.push_back(p.addend[c]);
+      p.bmask_t.push_back(p.bmask[c]);
+    }
   }
 
   void Compute(OrtKernelContext* context) {
@@ -338,7 +352,7 @@ struct RequantKernel {
   void run(const Ort::KernelContext& ctx, const std::vector<const void*>& xs,
            const std::vector<ONNXTensorElementDataType>& ts, Out* y, int64_t total, int64_t inner, int64_t cdim) {
     const bool lanes = p.channels > 1 && inner == 1;
-    const int64_t row = p.channels == 1 ? std::min<int64_t>(total, 4096) : (inner == 1 ? cdim : inner);
+    const int64_t row = p.channels == 1 ? std::min<int64_t>(total, 4096) : (inner == 1 ? p.tile : inner);
     const int64_t rows = row ? (total + row - 1) / row : 0;
     const int64_t per_task = std::max<int64_t>(1, kGrain / std::max<int64_t>(row, 1));
     const size_t tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
@@ -353,17 +367,19 @@ struct RequantKernel {
           wide_row(xs, ts, off, n, y + off, p, c0, lanes);
           continue;
         }
-        const int64_t* k = p.cnst.data() + c0;
-        const int64_t* sh = p.shift64.data() + c0;
-        const int64_t* a = p.addend.data() + c0;
-        const int64_t* bm = p.bmask.data() + c0;
+        const int64_t* k = (lanes ? p.cnst_t.data() : p.cnst.data()) + c0;
+        const int64_t* sh = (lanes ? p.shift_t.data() : p.shift64.data()) + c0;
+        const int64_t* a = (lanes ? p.addend_t.data() : p.addend.data()) + c0;
+        const int64_t* bm = (lanes ? p.bmask_t.data() : p.bmask.data()) + c0;
+        const int64_t* mult = lanes ? p.mult_t.data() : p.mult.data();
+        const int64_t mstride = lanes ? p.tile : p.channels;
         if (p.terms == 1) {
-          single_row(at(xs[0], ts[0], off), ts[0], y + off, n, p.mult.data() + c0, k, sh, a, bm, p.zs, p.lo, p.hi,
-                     p.kind, lanes);
+          single_row(at(xs[0], ts[0], off), ts[0], y + off, n, mult + c0, k, sh, a, bm, p.zs, p.lo, p.hi, p.kind,
+                     lanes);
           continue;
         }
         for (int t = 0; t < p.terms; ++t) {
-          const int64_t* m = p.mult.data() + t * p.channels + c0;
+          const int64_t* m = mult + t * mstride + c0;
           switch (ts[t]) {
             case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: add_u8(static_cast<const uint8_t*>(xs[t]) + off, n, m, acc.data(), t == 0, lanes); break;
             case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: add_i32(static_cast<const int32_t*>(xs[t]) + off, n, m, acc.data(), t == 0, lanes); break;
