@@ -21,6 +21,7 @@ from __future__ import annotations
 
 __all__ = ["bench_npu_speed", "build_programs"]
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from bench.runner import HIGHER, LOWER, BenchContext, Measurement, time_call
 from zonnx import zoo
 from zonnx.backend.compile_api import compile_model
 from zonnx.backend.compiler import Program, compile_subgraph, whole_model_subgraph
-from zonnx.backend.native import native_status
+from zonnx.backend.native import native_status, register_library
 from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.build_npu import target_quantize_kwargs
@@ -122,9 +123,13 @@ def _creation(target: str, qpath: Path, tmp: Path) -> list[Measurement]:
 
 
 def _npu_session(qpath: Path, target: str, tmp: Path, **extra: str) -> zonnx.InferenceSession:
+    """An NPU session with $ZONNX_THREADS intra-op threads, like the ORT peers (``bench_zoo_ort.session``)."""
     opts = {"target": target, "cache_dir": str(tmp / "cache"), "min_nodes": "1", **extra}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
     return zonnx.InferenceSession(
         str(qpath),
+        so,
         providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
         provider_options=[opts, {}],
     )
@@ -195,14 +200,13 @@ def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measuremen
 def _measure(ctx: BenchContext, target: str, qpath: Path, program: Program, tmp: Path) -> list[Measurement]:
     x = zoo.sample_inputs("resnet18", 1)[0]["input"]
     prog_path = tmp / f"npu_{target}.onnx"
-    onnx.save(program_to_model(program, name="npu"), prog_path)
-    bare = session(prog_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    status = native_status()
+    onnx.save(program_to_model(program, name="npu", native=status.available), prog_path)
+    bare_opts = register_library(ort.SessionOptions(), status)
+    bare_opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
+    bare = ort.InferenceSession(str(prog_path), bare_opts, providers=["CPUExecutionProvider"])
     peer = session(qpath, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    npu = zonnx.InferenceSession(
-        str(qpath),
-        providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
-        provider_options=[{"target": target, "cache_dir": str(tmp / "cache"), "min_nodes": "1"}, {}],
-    )
+    npu = _npu_session(qpath, target, tmp)
     q = _input_codes(program, x)
     feed = {bare.get_inputs()[0].name: q}
     ref_feed = {program.inputs[0].name: q}
