@@ -33,6 +33,7 @@ __all__ = [
     "emit_dwconv",
     "is_depthwise",
     "native_plane_terms",
+    "native_matmul2_terms",
 ]
 
 import logging
@@ -174,6 +175,33 @@ def emit_dwconv(
         x_zero_point=int(zp),
         domain=NATIVE_DOMAIN,
     )
+
+
+def _code_planes(b: Builder, name: str, st: Storage, zs: int) -> list[tuple[str, int, int]]:
+    """[(uint8 plane, its zero point byte, byte power)]: ``stored - zs`` as ``sum 256^i (plane_i - z_i)``."""
+    if st.dtype == np.uint8:
+        return [(name, zs, 0)]
+    return [(emit_byte_plane(b, name, 1), zs & 255, 0), (emit_byte_plane(b, name, 2), zs >> 8, 1)]
+
+
+def native_matmul2_terms(
+    b: Builder, xa: str, sta: Storage, za: int, xb: str, stb: Storage, zb: int, multiplier: int, k: int | None
+) -> list[Term]:
+    """Requant terms of ``M sum_k (a - za)(b - zb)`` for stored activations of 8 or 16 bits: with
+    ``a - za = sum_i 256^i (a_i - z_i)`` over byte planes (and likewise ``b``), the product is
+    ``sum_ij 256^(i+j) MatMulInteger(a_i, b_j, z_i, w_j)``, each exact in int32 (``K 255 255 < 2^31``)."""
+    if k is not None and k * 255 * 255 >= 1 << 31:
+        raise KernelError(f"{k} products per output overflow int32 byte-plane sums.")
+    bound = float(k * 255 * 255) if k is not None else float((1 << 31) - 1)
+    terms = []
+    for pa, zpa, i in _code_planes(b, xa, sta, za):
+        for pb, zpb, j in _code_planes(b, xb, stb, zb):
+            mm = b.op(
+                "MatMulInteger",
+                [pa, pb, b.const(zpa, np.uint8, "azp"), b.const(zpb, np.uint8, "bzp")],
+            )
+            terms.append(Term(mm, np.array(multiplier * 256 ** (i + j), dtype=object), bound))
+    return terms
 
 
 def _weight_planes(w: np.ndarray) -> list[tuple[np.ndarray, int, bool]]:

@@ -16,9 +16,11 @@ from tests.backend.native_support import lowered_session
 from tests.backend.test_ort_lowering import _tie_accs
 from zonnx import zoo
 from zonnx.backend import native
-from zonnx.backend.compiler import quantize_multiplier
+from zonnx.backend.compiler import Op, Program, TensorInfo, quantize_multiplier
 from zonnx.backend.compiler.requant import ROUND_MODES, requantize
+from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_kernels import Builder, Term, storage_of
+from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.backend.runtime.ort_native import (
     NATIVE_DOMAIN,
     emit_byte_plane,
@@ -233,3 +235,58 @@ def test_dwconv_matches_numpy(c: int, stride: int, pad: int, dil: int) -> None:
         for j in range(3)
     )
     assert got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(("dt_a", "dt_b"), [("int16", "int16"), ("uint8", "int16")])
+def test_matmul2_16bit(dt_a: str, dt_b: str) -> None:
+    """Two 16-bit activations (attention's QK^T on A16 programs): byte-plane MatMulIntegers, one Requant."""
+    rng = np.random.default_rng(5)
+
+    def info(name: str, dt: str, shape: list[int]) -> TensorInfo:
+        lo, hi = {"int16": (-32768, 32767), "uint8": (0, 255)}[dt]
+        return TensorInfo(name, dt, lo, hi, [1.0], [0], None, shape)
+
+    def codes(dt: str, shape: tuple) -> np.ndarray:
+        lo, hi = {"int16": (-32768, 32768), "uint8": (0, 256)}[dt]
+        return rng.integers(lo, hi, shape).astype(dt)
+
+    a, b = codes(dt_a, (2, 5, 37)), codes(dt_b, (2, 37, 4))
+    a[0, 0, :] = np.iinfo(dt_a).max  # saturating rows
+    m, s = quantize_multiplier(3e-9 if dt_a == "int16" else 2e-4, 15)
+    attrs = dict(
+        zp_a=7 if dt_a == "uint8" else -300, zp_b=250, zp_out=-5, lo=-32768, hi=32767, round_mode="half_even"
+    )
+    ins = [info("a", dt_a, list(a.shape)), info("b", dt_b, list(b.shape))]
+    out = info("y", "int16", None)
+    op = Op("matmul2", "mm", ["a", "b"], ["y"], attrs, {"multiplier": np.array([m]), "shift": np.array([s])})
+    prog = Program(ins, [out], [op], {t.name: t for t in [*ins, out]}, "test")
+    ref = run_program(prog, {"a": a, "b": b})["y"]
+    model = program_to_model(prog, name="p", native=True)
+    assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == (4 if dt_a == "int16" else 2)
+    got = lowered_session(model, True).run(None, {"p/a": a, "p/b": b})[0]
+    assert np.array_equal(got.astype(np.int64), ref) and ref.min() < 0 < ref.max()
+
+
+def test_a16w8_transformer_runs_in_ort(tmp_path: Path) -> None:
+    """16-bit attention (matmul2 of two activations) runs on the native kernels, not the numpy fallback."""
+    feeds = zoo.sample_inputs("transformer", 2, seed=1)
+    q = tmp_path / "a16.onnx"
+    zonnx.quantize_static(
+        str(zoo.get("transformer")),
+        str(q),
+        ListReader(feeds),
+        activation_type="int16",
+        weight_type="int8",
+        extra_options={"Target": "zhouyi-x2"},
+    )
+
+    def session(**extra: str) -> zonnx.InferenceSession:
+        opts = {"target": "zhouyi-x2", "cache_dir": str(tmp_path / "c"), **extra}
+        return zonnx.InferenceSession(
+            str(q), providers=[("ZonnxNPUExecutionProvider", opts), "CPUExecutionProvider"]
+        )
+
+    fast, ref = session(kernels="native"), session(executor="reference")
+    assert fast.executor == "ort" and fast.kernels.available
+    for f in feeds:
+        assert all(np.array_equal(a, b) for a, b in zip(fast.run(None, f), ref.run(None, f), strict=True))
