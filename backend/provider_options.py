@@ -6,7 +6,8 @@ keys given directly win), ``executor`` ("auto" | "ort" | "reference"), ``fallbac
 ``min_nodes`` (2), ``min_macs`` (1000000: a smaller group still goes to the NPU when it has this many
 MACs), ``enable_cache`` ("1"), ``strict`` ("0"; "1" makes low NPU coverage an error instead of a warning),
 ``input_shapes`` ("" or "x:1,3,224,224;y:1,10": fixed input dims, shape arithmetic folded), ``ort_log_level``
-("3": ORT's own log severity for the session, 3 = errors only; 2 shows ORT's warnings).
+("3": ORT's own log severity for the session, 3 = errors only; 2 shows ORT's warnings), ``kernels`` ("auto" |
+"native" | "onnx": the native kernel library or the pure-ONNX lowering, ``zonnx.backend.native.loader``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class NpuOptions:
     strict: bool = False
     input_shapes: str = ""
     ort_log_level: int = 3
+    kernels: str = "auto"
     #: The keys the user gave (directly or in config_file); not an option.
     explicit: frozenset[str] = dataclasses.field(default=frozenset(), compare=False)
 
@@ -71,7 +73,11 @@ class NpuOptions:
         return out
 
 
-_CHOICES = {"executor": ("auto", "ort", "reference"), "fallback": ("none", "cpu")}
+_CHOICES = {
+    "executor": ("auto", "ort", "reference"),
+    "fallback": ("none", "cpu"),
+    "kernels": ("auto", "native", "onnx"),
+}
 
 
 def _value(key: str, value: Any) -> Any:

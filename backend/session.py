@@ -16,7 +16,9 @@ given directly win), ``executor`` ("auto": ORT-native when the lowering is avail
 ``fallback`` ("none"; "cpu" runs an unquantized model on the CPU with a warning), ``min_nodes`` (2),
 ``min_macs`` (1000000), ``enable_cache`` ("1"; "0", like ``XLNX_ENABLE_CACHE=0``, recompiles and overwrites
 the entry), ``strict`` ("0"; "1" raises ``LowCoverageError`` where a session would warn that the NPU gets no
-node or under half the MACs), ``input_shapes`` (fixed input dims), ``ort_log_level`` ("3").
+node or under half the MACs), ``input_shapes`` (fixed input dims), ``ort_log_level`` ("3"), ``kernels`` ("auto": the native kernel
+library when it is built and usable, else the pure-ONNX lowering; "native" | "onnx" force one;
+``$ZONNX_NPU_KERNELS`` decides under "auto"; ``zonnx.backend.native``).
 
 Noise and silence. ORT's own warnings are not printed: without ``sess_options`` (or with
 ``ort_log_level`` given) the session's ORT log severity is ``ort_log_level`` (3, errors only). Low NPU
@@ -38,6 +40,7 @@ __all__ = [
 ]
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -65,6 +68,7 @@ from zonnx.backend.compiled import (
     lower_npu_nodes,
     partition_from_dict,
 )
+from zonnx.backend.native import NativeStatus, choose_kernels, register_library
 from zonnx.backend.partition import Partition, check_coverage
 from zonnx.backend.provider_options import (
     CPU_PROVIDER,
@@ -115,9 +119,11 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
-def _lowering_id() -> str:
-    """Keys cached lowered models: the lowering's version and the host's integer path (``zonnx.hostcpu``)."""
-    return f"{LOWERING_VERSION}-{int_path()}"
+def _lowering_id(native: NativeStatus | None = None) -> str:
+    """Keys cached lowered models: the lowering's version, the host's integer path (``zonnx.hostcpu``) and
+    the kernels the lowered model needs (the native library's identity, or the pure-ONNX lowering)."""
+    kernels = native.identity if native is not None else "onnx"
+    return f"{LOWERING_VERSION}-{int_path()}-{kernels}"
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -170,6 +176,7 @@ class InferenceSession:
         self._sess_options = _quiet(sess_options, self.options)
         self.partition: Partition | None = None
         self.from_cache = False
+        self.kernels: NativeStatus | None = None  # the native kernel library in use (ORT executor), if any
         self._cache: ModelCache | None = None
         self._compiled: onnx.ModelProto | None = None
         # The source is always read and hashed, never trusted by path and mtime: a model edited in
@@ -207,7 +214,8 @@ class InferenceSession:
         if mode == "auto":
             mode = "ort"
         self.executor = mode
-        exe_id = _lowering_id() if mode == "ort" else ""
+        self.kernels = choose_kernels(opts.kernels) if mode == "ort" else None
+        exe_id = _lowering_id(self.kernels) if mode == "ort" else ""
         if compiled is not None:
             target_name = compiled_info(compiled).get("target", "")
             if "target" in opts.explicit and load_target(opts.target).name != target_name:
@@ -281,9 +289,12 @@ class InferenceSession:
         partition = partition_from_dict(json.loads(text)) if text else None
         if mode == "ort":
             try:  # KernelError (no exact lowering) or ORT refusing the lowered model
+                native = self.kernels is not None and self.kernels.available
                 if exe is None:
-                    exe = lower_npu_nodes(compiled, lower_program, opset=_opset(compiled)).SerializeToString()
-                self._ort, self._stages = ort_cpu_session(exe, self._sess_options), None
+                    lower = functools.partial(lower_program, native=native)
+                    exe = lower_npu_nodes(compiled, lower, opset=_opset(compiled)).SerializeToString()
+                so = register_library(self._sess_options, self.kernels) if native else self._sess_options
+                self._ort, self._stages = ort_cpu_session(exe, so), None
             except ZonnxError as e:
                 if self.options is None or self.options.executor != "auto":
                     raise

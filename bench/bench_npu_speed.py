@@ -9,12 +9,19 @@ power-of-two QDQ models much slower than its favourite form, so two more lines c
 as per-channel u8s8 QDQ (ORT's fastest int8 model of the network): the session, and the compiled
 program alone (integer codes in and out, no boundary quantize/dequantize). Every timed ORT output is first checked bit for bit against the numpy
 reference executor on the same input.
+
+Kernels: the session runs on the native kernel library when it is built (``zonnx.backend.native``); two
+more lines per target time the session on the native kernels and on the pure-ONNX lowering
+(``kernels`` provider option), each interleaved with ORT's fastest int8 form, so both ratios come from
+one run. On zhouyi-x2 ResNet-18 with 16-bit activations is timed against its own 8-bit program (same
+session kind, interleaved).
 """
 
 from __future__ import annotations
 
 __all__ = ["bench_npu_speed", "build_programs"]
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -29,6 +36,7 @@ from bench.runner import HIGHER, LOWER, BenchContext, Measurement, time_call
 from zonnx import zoo
 from zonnx.backend.compile_api import compile_model
 from zonnx.backend.compiler import Program, compile_subgraph, whole_model_subgraph
+from zonnx.backend.native import native_status, register_library
 from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.build_npu import target_quantize_kwargs
@@ -114,17 +122,91 @@ def _creation(target: str, qpath: Path, tmp: Path) -> list[Measurement]:
     ]
 
 
+def _npu_session(qpath: Path, target: str, tmp: Path, **extra: str) -> zonnx.InferenceSession:
+    """An NPU session with $ZONNX_THREADS intra-op threads, like the ORT peers (``bench_zoo_ort.session``)."""
+    opts = {"target": target, "cache_dir": str(tmp / "cache"), "min_nodes": "1", **extra}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
+    return zonnx.InferenceSession(
+        str(qpath),
+        so,
+        providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
+        provider_options=[opts, {}],
+    )
+
+
+def _kernels(ctx: BenchContext, target: str, qpath: Path, tmp: Path) -> list[Measurement]:
+    """The NPU session on the native kernels and on the pure-ONNX lowering, each vs ORT's fastest int8."""
+    x = zoo.sample_inputs("resnet18", 1)[0]["input"]
+    fast = session(_fastest_ort_int8(tmp), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    out = []
+    sessions = {"onnx": _npu_session(qpath, target, tmp, kernels="onnx")}
+    if native_status().available:
+        sessions["native"] = _npu_session(qpath, target, tmp, kernels="native")
+        a, b = (s.run(None, {"input": x})[0] for s in sessions.values())
+        if not np.array_equal(a, b):
+            raise AssertionError(f"{target}: native kernels and the ONNX lowering differ")
+    for kind, sess in sessions.items():
+        t_ours, t_fast = ctx.time_pair(
+            lambda s=sess: s.run(None, {"input": x}), lambda: fast.run(None, {"input": x})
+        )
+        out.append(
+            Measurement(
+                f"resnet18 NPU session, {kind} kernels, {target}, vs ORT's fastest int8",
+                1 / t_ours.median,
+                "images/s",
+                HIGHER,
+                peer="ORT QDQ u8s8 per-channel",
+                peer_value=1 / t_fast.median,
+                target=1.0,
+            )
+        )
+    return out
+
+
+def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measurement]:
+    """ResNet-18 with 16-bit activations vs its 8-bit program on zhouyi-x2, both NPU sessions (target <= 2x)."""
+    path16 = tmp / "int16_zhouyi.onnx"
+    zonnx.quantize_static(
+        str(zoo.get("resnet18")),
+        str(path16),
+        ListReader(zoo.sample_inputs("resnet18", 4, seed=1)),
+        activation_type="int16",
+        weight_type="int8",
+        extra_options={"Target": "zhouyi-x2"},
+    )
+    x = zoo.sample_inputs("resnet18", 1)[0]["input"]
+    s16, s8 = _npu_session(path16, "zhouyi-x2", tmp), _npu_session(path8, "zhouyi-x2", tmp)
+    ref = _npu_session(path16, "zhouyi-x2", tmp, executor="reference")
+    if s16.executor != "ort" or not np.array_equal(
+        s16.run(None, {"input": x})[0], ref.run(None, {"input": x})[0]
+    ):
+        raise AssertionError("zhouyi-x2 int16: the NPU session is not on ORT or differs from the reference")
+    t16, t8 = ctx.time_pair(lambda: s16.run(None, {"input": x}), lambda: s8.run(None, {"input": x}))
+    kind = "native" if s16.kernels is not None and s16.kernels.available else "onnx"
+    return [
+        Measurement(
+            f"resnet18 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program",
+            t16.median * 1e3,
+            "ms",
+            LOWER,
+            peer="8-bit program",
+            peer_value=t8.median * 1e3,
+            target=2.0,
+        )
+    ]
+
+
 def _measure(ctx: BenchContext, target: str, qpath: Path, program: Program, tmp: Path) -> list[Measurement]:
     x = zoo.sample_inputs("resnet18", 1)[0]["input"]
     prog_path = tmp / f"npu_{target}.onnx"
-    onnx.save(program_to_model(program, name="npu"), prog_path)
-    bare = session(prog_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    status = native_status()
+    onnx.save(program_to_model(program, name="npu", native=status.available), prog_path)
+    bare_opts = register_library(ort.SessionOptions(), status)
+    bare_opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
+    bare = ort.InferenceSession(str(prog_path), bare_opts, providers=["CPUExecutionProvider"])
     peer = session(qpath, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    npu = zonnx.InferenceSession(
-        str(qpath),
-        providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
-        provider_options=[{"target": target, "cache_dir": str(tmp / "cache"), "min_nodes": "1"}, {}],
-    )
+    npu = _npu_session(qpath, target, tmp)
     q = _input_codes(program, x)
     feed = {bare.get_inputs()[0].name: q}
     ref_feed = {program.inputs[0].name: q}
@@ -188,5 +270,9 @@ def bench_npu_speed(ctx: BenchContext) -> list[Measurement]:
     with tempfile.TemporaryDirectory(prefix="zonnx-npu-bench-") as d:
         tmp = Path(d)
         for (_, target), (qpath, program) in build_programs(tmp, cases).items():
-            results += _measure(ctx, target, qpath, program, tmp) + _creation(target, qpath, tmp)
+            results += _kernels(ctx, target, qpath, tmp)
+            if target == "zhouyi-x2":
+                results += _int16_vs_int8(ctx, tmp, qpath)
+            if not ctx.quick:
+                results += _measure(ctx, target, qpath, program, tmp) + _creation(target, qpath, tmp)
     return results

@@ -35,6 +35,13 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
   echo "$want" > "$stamp"
 fi
+# The native NPU kernels (C++ custom ops for ORT, cached by source hash under ~/.cache/zonnx/native):
+# built when their sources change; a failed build prints one line and the NPU uses the ONNX lowering.
+nstamp="$venv/.zonnx-native"
+nwant=$(cat backend/native/src/* backend/native/build.py | sha256sum | cut -c1-16)
+if [ "$(cat "$nstamp" 2>/dev/null || true)" != "$nwant" ]; then
+  "$venv/bin/python" -m zonnx.tools.build_native && echo "$nwant" > "$nstamp"
+fi
 
 # The report test renders report.html in Debian's chromium, driven by Playwright (pinned in the dev extra)
 # with executable_path: no browser is downloaded. Installed from Debian when missing (root or sudo).

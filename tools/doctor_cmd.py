@@ -11,6 +11,7 @@ import sys
 import typer
 
 from zonnx import __version__
+from zonnx.backend.native import KERNELS_ENV, native_status
 from zonnx.hostcpu import INT_PATH_ENV, host_int
 from zonnx.tools.console import console
 
@@ -31,12 +32,14 @@ def _versions() -> dict[str, str]:
 
 def doctor(json_: bool = typer.Option(False, "--json", help="Print the facts as JSON.")) -> None:
     """Print versions, the host's integer instruction set, whether ORT's u8 x s8 kernels are exact here,
-    and the integer path zonnx's NPU lowering and reference runs use on this host.
+    and the integer path zonnx's NPU lowering and reference runs use on this host, and whether NPU sessions
+    run on the native kernel library or the pure-ONNX lowering (and why).
 
     Without VNNI, ORT's u8 x s8 kernels add products in saturating 16-bit pairs; zonnx then uses u8 x u8
     weights, which are exact on every CPU. Set ZONNX_INT_PATH=u8u8 to force that form anywhere.
     """
     host = host_int()
+    kernels = native_status()
     facts = {
         **_versions(),
         "machine": platform.machine(),
@@ -44,6 +47,8 @@ def doctor(json_: bool = typer.Option(False, "--json", help="Print the facts as 
         "ort_u8s8_exact": host.u8s8_exact,
         "integer_path": host.path,
         "why": host.reason,
+        "npu_kernels": "native" if kernels.available else "onnx",
+        "npu_kernels_why": kernels.reason,
     }
     if json_:
         sys.stdout.write(json.dumps(facts, indent=1) + "\n")
@@ -55,3 +60,6 @@ def doctor(json_: bool = typer.Option(False, "--json", help="Print the facts as 
     console.print(f"{'ORT u8 x s8':<16} {verdict}", markup=False)
     console.print(f"{'integer path':<16} {host.path}: {host.reason}", markup=False)
     console.print(f"{'':<16} (set {INT_PATH_ENV}=u8u8 to force the form exact on every CPU)", markup=False)
+    which = "native (C++ custom ops)" if kernels.available else "pure-ONNX lowering"
+    console.print(f"{'NPU kernels':<16} {which}: {kernels.reason}", markup=False)
+    console.print(f"{'':<16} (provider option kernels or {KERNELS_ENV}=native|onnx forces one)", markup=False)

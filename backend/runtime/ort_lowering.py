@@ -62,6 +62,15 @@ from .ort_kernels import (
     to_storage,
 )
 from .ort_lowering_codes import CodeOps
+from .ort_native import (
+    NATIVE_DOMAIN,
+    emit_byte_plane,
+    emit_dwconv,
+    emit_im2col,
+    emit_native_requant,
+    is_depthwise,
+    native_plane_terms,
+)
 from .ort_qlinear import conv_plan, emit_float32_add, emit_qlinear_add, emit_qlinear_conv
 from .ort_wide import emit_wide_conv, emit_wide_matmul, is_int8
 from .qlinear_exact import ConvRequant
@@ -105,9 +114,16 @@ def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
 
 class _Lowerer(CodeOps):
     def __init__(
-        self, program: Program, name: str, path: IntPath, nhwc: bool = True, qlinear: bool = True
+        self,
+        program: Program,
+        name: str,
+        path: IntPath,
+        nhwc: bool = True,
+        qlinear: bool = True,
+        native: bool = False,
     ) -> None:
         self.p, self.b, self.nhwc_ok, self.qlinear = program, Builder(name), nhwc, qlinear
+        self.native = native  # emit the zonnx.native custom ops (ort_native) where they apply
         self.path = path
         self.env: dict[str, _Val] = {}
         self.plans: dict[str, ConvRequant] = {}
@@ -150,13 +166,29 @@ class _Lowerer(CodeOps):
         elif op.kind in _ELEMENTWISE or op.kind in ort_lowering_extra.ELEMENTWISE:  # the first input's layout
             nhwc = args[0].nhwc
         else:
-            nhwc = self.nhwc_ok and op.kind in _CHANNELS_LAST and _wants_nhwc(op, args[0])
+            nhwc = self.nhwc_ok and op.kind in _CHANNELS_LAST and _wants_nhwc(op, args[0], self.native)
         args = [self.layout(v, nhwc) for v in args]
         name = fn(op, args, ost, oinfo)
         self.env[op.outputs[0]] = _Val(name, ost, oinfo, nhwc)
 
     def _req(self, op: Op, terms: list[Term], const: object, ost: Storage, bshape: tuple) -> str:
         a = op.attrs
+        if self.native:
+            out = emit_native_requant(
+                self.b,
+                terms,
+                np.asarray(const, dtype=object),
+                op.params["shift"],
+                a["round_mode"],
+                a["zp_out"],
+                a["lo"],
+                a["hi"],
+                ost,
+                bshape,
+                where=op.name,
+            )
+            if out is not None:
+                return out
         return emit_requant(
             self.b,
             terms,
@@ -171,6 +203,39 @@ class _Lowerer(CodeOps):
             where=op.name,
         )
 
+    def _native_conv(self, op: Op, x: _Val, ost: Storage, wsum: np.ndarray) -> str:
+        """NHWC group-1 conv by the native ops: Im2col per byte plane, MatMulInteger, one Requant."""
+        a, w = op.attrs, op.params["w"].astype(np.int64)
+        m = op.params["multiplier"].astype(object)
+        o, c, kh, kw = w.shape
+        wm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o))
+        zs = int(a["pad_value"]) + x.st.offset
+        if a["group"] != 1:  # depthwise (_wants_nhwc): DwConv sums (x - zs) w, the pad code adds 0
+            acc = emit_dwconv(self.b, x.name, w, a["strides"], a["pads"], a["dilations"], zs)
+            xm = kh * kw * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
+            const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+            return self._req(op, [Term(acc, m, xm)], const, ost, (-1,))
+        geo = (list(w.shape[2:]), a["strides"], a["pads"], a["dilations"], zs)
+        pointwise = (kh, kw) == (1, 1) and list(a["strides"]) == [1, 1] and not any(a["pads"])
+        if x.st.dtype == np.uint8 and is_int8(w):  # one uint8 plane with the pad code as zero point
+            col = x.name if pointwise else emit_im2col(self.b, x.name, *geo, 0)
+            wname, wzp = int8_weights(self.b, wm.astype(np.int8), self.path)
+            mm = self.b.op("MatMulInteger", [col, wname, self.b.const(zs, np.uint8, "xzp"), wzp])
+            xm = wm.shape[0] * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
+            const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+            return self._req(op, [Term(mm, m, xm)], const, ost, (-1,))
+        if x.st.dtype == np.uint8:
+            planes = [(emit_im2col(self.b, x.name, *geo, 0), 0)]
+        else:  # split the stored codes into byte planes once, then im2col each plane by copies
+            lo, hi = emit_byte_plane(self.b, x.name, 1), emit_byte_plane(self.b, x.name, 2)
+            planes = [
+                (emit_im2col(self.b, lo, *geo[:4], zs & 255, 0), 0),
+                (emit_im2col(self.b, hi, *geo[:4], zs >> 8, 0), 1),
+            ]
+        terms = native_plane_terms(self.b, planes, wm, m, self.path)
+        const = m * (op.params["bias"].astype(object) - x.st.offset * wsum.astype(object))
+        return self._req(op, terms, const, ost, (-1,))
+
     # -- linear ops ------------------------------------------------------------------------------
     def _conv(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
         (x,), a, w = args, op.attrs, op.params["w"].astype(np.int64)
@@ -179,6 +244,8 @@ class _Lowerer(CodeOps):
                 self.b, x.name, op, self.plans[op.name], x.st, ost, path=self.path, channels_last=x.nhwc
             )
         wsum = w.reshape(w.shape[0], -1).sum(axis=1)
+        if self.native and x.nhwc:
+            return self._native_conv(op, x, ost, wsum)
         m = op.params["multiplier"].astype(object)
         if x.st.dtype != np.uint8 or not is_int8(w):  # 16-bit: byte planes (ort_wide), NCHW
             acc, xm = emit_wide_conv(self.b, x.name, op, x.st)
@@ -209,6 +276,16 @@ class _Lowerer(CodeOps):
 
     def _matmul(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:
         (x,), w = args, op.params["w"]
+        if self.native and (x.st.dtype != np.uint8 or not is_int8(w)):  # byte planes, one native Requant
+            m = op.params["multiplier"].astype(object)
+            if x.st.dtype == np.uint8:
+                planes = [(x.name, 0)]
+            else:
+                planes = [(emit_byte_plane(self.b, x.name, 1), 0), (emit_byte_plane(self.b, x.name, 2), 1)]
+            terms = native_plane_terms(self.b, planes, w.astype(np.int64), m, self.path)
+            wsum = w.astype(np.int64).sum(axis=0).astype(object)
+            const = m * (op.params["bias"].astype(object) - x.st.offset * wsum)
+            return self._req(op, terms, const, ost, ())
         if x.st.dtype != np.uint8 or not is_int8(w):  # 16-bit: byte planes (ort_wide)
             m = op.params["multiplier"].astype(object)
             acc, xm = emit_wide_matmul(self.b, x.name, op, x.st, self.path)
@@ -275,15 +352,26 @@ def _rank4(x: _Val) -> bool:
     return x.info.shape is None or len(x.info.shape) == 4
 
 
-def _wants_nhwc(op: Op, x: _Val) -> bool:
-    """Group-1 2-D convolutions (im2col + MatMulInteger), and pools whose input is already NHWC."""
+def _wants_nhwc(op: Op, x: _Val, native: bool = False) -> bool:
+    """Group-1 2-D convolutions (im2col + MatMulInteger; any code width with the native ops), and pools
+    whose input is already NHWC (max pools on uint8 storage only: NhwcMaxPool takes 8-bit codes)."""
     if x.info.shape is not None and len(x.info.shape) != 4:
         return False
     if op.kind == "conv":
+        if native:
+            shape = x.info.shape
+            cin = shape[1] if shape is not None and isinstance(shape[1], int) else None
+            depthwise = x.st.dtype == np.uint8 and is_depthwise(op.params["w"], op.attrs["group"], cin)
+            return op.attrs["group"] == 1 or depthwise
         return op.attrs["group"] == 1 and x.st.dtype == np.uint8 and is_int8(op.params["w"])
     if op.kind == "avgpool":
         return bool(op.attrs.get("global")) and x.nhwc
-    return x.nhwc and not op.attrs.get("global") and op.attrs.get("pad_value", 0) is not None
+    return (
+        x.nhwc
+        and x.st.dtype == np.uint8
+        and not op.attrs.get("global")
+        and op.attrs.get("pad_value", 0) is not None
+    )
 
 
 def _ceil_pads(shape: list, kernel: list, strides: list, pads: list, ceil: int) -> list[int]:
@@ -310,8 +398,12 @@ def lower_program(
     nhwc: bool = True,
     qlinear: bool = True,
     int_path: IntPath | None = None,
+    native: bool = False,
 ) -> LoweredProgram:
     """ORT nodes computing ``program`` exactly (module docstring); ``expose`` adds tensors as outputs.
+
+    ``native``: use the ``zonnx.native`` custom ops (``ort_native``) where they apply; the session that
+    runs the result must have the kernel library registered (``zonnx.backend.native``).
 
     Graph inputs/outputs hold the program's own dtypes, named ``f"{name}/{tensor}"``. ``int_path``: the
     form of 8-bit weights (default: this host's, ``zonnx.hostcpu.int_path``). Raises KernelError naming
@@ -319,7 +411,7 @@ def lower_program(
     """
     if opset < 13:
         raise KernelError(f"opset {opset} is too old for the NPU lowering; use 13 or newer.")
-    low = _Lowerer(program, name, resolve_int_path(int_path), nhwc, qlinear)
+    low = _Lowerer(program, name, resolve_int_path(int_path), nhwc, qlinear, native)
     b, lowered = low.b, LoweredProgram([], [], [], [], opset=opset)
     for info in program.inputs:
         gname = f"{name}/{info.name}"
@@ -342,6 +434,8 @@ def lower_program(
     lowered.opset_imports = {"": opset}
     if any(n.domain == MS_DOMAIN for n in b.nodes):
         lowered.opset_imports[MS_DOMAIN] = 1
+    if any(n.domain == NATIVE_DOMAIN for n in b.nodes):
+        lowered.opset_imports[NATIVE_DOMAIN] = 1
     logger.info("lowered %d program ops to %d ORT nodes", len(program.ops), len(b.nodes))
     return lowered
 
@@ -353,9 +447,10 @@ def program_to_model(
     opset: int = 17,
     expose: list[str] | None = None,
     int_path: IntPath | None = None,
+    native: bool = False,
 ) -> onnx.ModelProto:
     """A standalone model (IR 10) running ``program`` in ORT; inputs/outputs named ``f"{name}/{tensor}"``."""
-    low = lower_program(program, name=name, opset=opset, expose=expose, int_path=int_path)
+    low = lower_program(program, name=name, opset=opset, expose=expose, int_path=int_path, native=native)
     graph = helper.make_graph(low.nodes, name, low.inputs, low.outputs, low.initializers)
     model = helper.make_model(
         graph,

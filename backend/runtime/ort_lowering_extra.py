@@ -12,7 +12,9 @@ lets them (a constant operand is then laid out like the activation).
   the multiplier instead: the single term ``(M b) stored_a`` with constant ``-(M b)(Z_a + off_a)``.
 - ``lincomb``: the terms ``M_i stored_i`` and the constant ``-sum M_i (Z_i + off_i)`` (plus ``M_c k`` for
   a scalar constant; a constant array is one more term, an int32 initializer) in ``emit_requant``.
-- ``matmul2``: ``MatMulInteger(u8, u8)`` with zero points ``Z + off`` (exact int32 sums), requantized.
+- ``matmul2``: ``MatMulInteger(u8, u8)`` with zero points ``Z + off`` (exact int32 sums), requantized;
+  16-bit operands with the native kernels: one MatMulInteger per pair of byte planes
+  (``ort_native.native_matmul2_terms``) and one native requantization.
 - ``prelu``: one ``Gather`` from the tables of every slope entry laid end to end, at
   ``index * size + stored`` (``size`` stored codes per table; the index constant laid out like ``x``).
 - ``slice``, ``gather``, ``pad``: ONNX Slice / Gather / Pad on stored codes (an offset commutes with a
@@ -33,6 +35,7 @@ from onnx import TensorProto
 from zonnx.backend.compiler.program import Op, TensorInfo
 
 from .ort_kernels import KernelError, Storage, Term
+from .ort_native import native_matmul2_terms
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +110,11 @@ def lower_matmul2(low: Any, op: Op, args: list[Any], ost: Storage, oinfo: Tensor
     """``MatMulInteger`` of two stored activations, requantized (module docstring)."""
     a, m = op.attrs, int(op.params["multiplier"][0])
     xa, xb = args
+    if getattr(low, "native", False) and any(v.st.dtype != np.uint8 for v in args):  # 16-bit: byte planes
+        k = xa.info.shape[-1] if xa.info.shape and isinstance(xa.info.shape[-1], int) else None
+        za, zb = xa.st.offset + a["zp_a"], xb.st.offset + a["zp_b"]
+        terms = native_matmul2_terms(low.b, xa.name, xa.st, za, xb.name, xb.st, zb, m, k)
+        return _requant(low, op, terms, 0, ost)
     for v in args:
         low.u8(v, op)
     za, zb = xa.st.offset + a["zp_a"], xb.st.offset + a["zp_b"]

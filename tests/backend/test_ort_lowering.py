@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from tests.backend.native_support import KERNEL_IDS, KERNELS, lowered_session
 from tests.backend.test_compiler import _compile, digits, resnet  # noqa: F401  (module fixtures)
 from zonnx.backend.compiler import Op, Program, TensorInfo, quantize_multiplier
 from zonnx.backend.compiler.requant import ROUND_MODES, requantize
@@ -24,18 +25,18 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def _run_both(prog: Program, feeds: dict[str, np.ndarray]) -> tuple[dict, dict]:
-    """(reference tensors, ORT tensors) for every tensor the program computes."""
+def _run_both(prog: Program, feeds: dict[str, np.ndarray], native: bool = False) -> tuple[dict, dict]:
+    """(reference tensors, ORT tensors) for every tensor the program computes (native: the C++ kernels)."""
     ref = run_program(prog, feeds, debug=True)
     inner = [t for t in ref if t not in feeds]
-    sess = _session(program_to_model(prog, name="p", expose=inner))
+    sess = lowered_session(program_to_model(prog, name="p", expose=inner, native=native), native)
     outs = sess.run(None, {f"p/{k}": v for k, v in feeds.items()})
     got = {o.name[2:]: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
     return {t: ref[t] for t in inner}, got
 
 
-def _assert_exact(prog: Program, feeds: dict[str, np.ndarray]) -> int:
-    ref, got = _run_both(prog, feeds)
+def _assert_exact(prog: Program, feeds: dict[str, np.ndarray], native: bool = False) -> int:
+    ref, got = _run_both(prog, feeds, native)
     for name, r in ref.items():
         g = got[name]
         assert g.dtype == np.dtype(prog.tensors[name].dtype), name
@@ -45,21 +46,28 @@ def _assert_exact(prog: Program, feeds: dict[str, np.ndarray]) -> int:
 
 # -- whole models ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("fmt", "target"), [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("fix", "dpu-b4096")])
-def test_digits_every_tensor_bit_exact(digits: dict, fmt: str, target: str) -> None:  # noqa: F811
+@pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
+def test_digits_every_tensor_bit_exact(digits: dict, fmt: str, target: str, native: bool) -> None:  # noqa: F811
     prog, ins, _ = _compile(digits[fmt], target)
     info = prog.inputs[0]
     x, _ = digits_data("test")
     q = np.clip(np.rint(x[:64] / info.scale[0]) + info.zero_point[0], info.qmin, info.qmax).astype(info.dtype)
-    assert _assert_exact(prog, {ins[0]: q}) >= 10
+    assert _assert_exact(prog, {ins[0]: q}, native) >= 10
 
 
 @pytest.mark.parametrize(("fmt", "target"), [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("fix", "dpu-b4096")])
-def test_resnet18_every_tensor_bit_exact(resnet: dict, fmt: str, target: str) -> None:  # noqa: F811
+@pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
+def test_resnet18_every_tensor_bit_exact(resnet: dict, fmt: str, target: str, native: bool) -> None:  # noqa: F811
     prog, ins, outs = _compile(resnet[fmt], target)
     info = prog.inputs[0]
     x = resnet["x"]
     q = np.clip(np.rint(x / info.scale[0]) + info.zero_point[0], info.qmin, info.qmax).astype(info.dtype)
-    assert _assert_exact(prog, {ins[0]: q}) >= 30
+    assert _assert_exact(prog, {ins[0]: q}, native) >= 30
+    if native:  # the 31/15-bit multiplier convs run as Im2col + MatMulInteger + one RequantU8
+        kinds = {n.op_type for n in lower_program(prog, name="npu0", native=True).nodes}
+        assert target == "dpu-b4096" or {"Im2col", "RequantU8"} <= kinds
+        assert "Round" not in kinds and "Slice" not in kinds
+        return
     low = lower_program(prog, name="npu0")
     assert all(n.name.startswith("npu0/") for n in low.nodes)
     assert all(i.name.startswith("npu0/") for i in low.initializers)
@@ -176,7 +184,8 @@ def _program(ops: list[Op], infos: list[TensorInfo], n_in: int = 1) -> Program:
 
 @pytest.mark.parametrize("mode", ROUND_MODES)
 @pytest.mark.parametrize(("dt_in", "dt_out"), [("uint8", "int8"), ("int8", "uint8")])
-def test_add_and_rescale_every_code(mode: str, dt_in: str, dt_out: str) -> None:
+@pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
+def test_add_and_rescale_every_code(mode: str, dt_in: str, dt_out: str, native: bool) -> None:
     """Every pair of input codes through add (shift 1: half the sums are ties) and rescale (shift 2)."""
     a = np.arange(256).reshape(16, 16) + (-128 if dt_in == "int8" else 0)
     bq = a.T.copy()
@@ -206,7 +215,7 @@ def test_add_and_rescale_every_code(mode: str, dt_in: str, dt_out: str) -> None:
     prog = _program(
         [add, resc], [_info("a", dt_in), _info("b", dt_in), _info("s", dt_out), _info("y", dt_out)], 2
     )
-    assert _assert_exact(prog, {"a": a.astype(dt_in), "b": bq.astype(dt_in)}) == 2
+    assert _assert_exact(prog, {"a": a.astype(dt_in), "b": bq.astype(dt_in)}, native) == 2
 
 
 @pytest.mark.parametrize(
@@ -220,7 +229,8 @@ def test_add_and_rescale_every_code(mode: str, dt_in: str, dt_out: str) -> None:
         ("ceil", 15, 1),
     ],
 )
-def test_conv_and_matmul(mode: str, bits: int, group: int) -> None:
+@pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
+def test_conv_and_matmul(mode: str, bits: int, group: int, native: bool) -> None:
     rng = np.random.default_rng(group)
     w = rng.integers(-128, 128, size=(8, 8 // group, 3, 2))
     pairs = [quantize_multiplier(float(r), bits) for r in rng.uniform(1e-4, 3e-3, 8)]
@@ -265,11 +275,12 @@ def test_conv_and_matmul(mode: str, bits: int, group: int) -> None:
     infos = [_info("x", "uint8", 7), _info("h", "int8"), _info("hf", "int8"), _info("y", "uint8")]
     x = rng.integers(0, 256, size=(3, 8, 9, 9)).astype(np.uint8)
     x[0] = 255  # saturating accumulators
-    assert _assert_exact(_program([conv, flat, mm], infos), {"x": x}) == 3
+    assert _assert_exact(_program([conv, flat, mm], infos), {"x": x}, native) == 3
 
 
 @pytest.mark.parametrize("ceil", [0, 1])
-def test_pools_lut_resize_concat_clamp(ceil: int) -> None:
+@pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
+def test_pools_lut_resize_concat_clamp(ceil: int, native: bool) -> None:
     rng = np.random.default_rng(ceil)
     shape = [2, 4, 9, 8]
     pool = {"global": 0, "kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 0], "ceil_mode": ceil}
@@ -327,4 +338,4 @@ def test_pools_lut_resize_concat_clamp(ceil: int) -> None:
     infos[4] = _info("d", "uint8")
     ops[6].attrs["kernel"] = [18, 12]
     x = rng.integers(-128, 128, size=shape).astype(np.int8)
-    assert _assert_exact(_program(ops, infos), {"x": x}) == len(ops)
+    assert _assert_exact(_program(ops, infos), {"x": x}, native) == len(ops)

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import zonnx
+from tests.backend.native_support import KERNEL_IDS, KERNELS
 from tests.backend.test_ort_lowering import _RANGES, _assert_exact, _info, _program
 from zonnx.backend.compiler import Op, quantize_multiplier
 from zonnx.backend.runtime.ort_lowering import lower_program
@@ -35,7 +36,8 @@ def _params(rng: np.random.Generator, o: int, bits: int) -> dict:
         ("int8", 16, 1, "ceil"),
     ],
 )
-def test_conv_and_matmul_16bit(dt_in: str, w_bits: int, group: int, mode: str) -> None:
+@pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
+def test_conv_and_matmul_16bit(dt_in: str, w_bits: int, group: int, mode: str, native: bool) -> None:
     rng = np.random.default_rng(w_bits + group)
     lim = 1 << (w_bits - 1)
     w = rng.integers(-lim, lim, size=(8, 8 // group, 3, 3))
@@ -78,10 +80,11 @@ def test_conv_and_matmul_16bit(dt_in: str, w_bits: int, group: int, mode: str) -
     prog = _program([conv, flat, mm], infos)
     kinds = {n.op_type for n in lower_program(prog, name="p").nodes}
     assert "ConvInteger" in kinds and "MatMulInteger" in kinds
-    assert _assert_exact(prog, {"x": x.astype(dt_in)}) == 3
+    assert _assert_exact(prog, {"x": x.astype(dt_in)}, native) == 3
 
 
-def test_maxpool_16bit() -> None:
+@pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
+def test_maxpool_16bit(native: bool) -> None:
     pool = Op(
         "maxpool",
         "p",
@@ -98,7 +101,7 @@ def test_maxpool_16bit() -> None:
         {},
     )
     x = np.random.default_rng(0).integers(-32768, 32768, size=(1, 3, 9, 9)).astype(np.int16)
-    assert _assert_exact(_program([pool], [_info("x", "int16"), _info("y", "int16")]), {"x": x}) == 1
+    assert _assert_exact(_program([pool], [_info("x", "int16"), _info("y", "int16")]), {"x": x}, native) == 1
 
 
 def _model(pool: str) -> onnx.ModelProto:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from bench.bench_npu_fidelity import FORMS, boundary_codes, codes_of, quantize_zoo, zoo_feeds
+from tests.backend.native_support import KERNEL_IDS, KERNELS, lowered_session
 from zonnx.backend.compile_api import CompiledModel, compile_model
 from zonnx.backend.compiler.channels import fold_constant_channels
 from zonnx.backend.compiler.requant import requantize
@@ -34,17 +34,19 @@ def _quantized(folder: Path, name: str, target: str) -> Path:
     return quantize_zoo(name, FORMS[target], folder, n_calib=2, shape=shape)
 
 
-def assert_bit_exact(qpath: Path, cm: CompiledModel, feed: dict) -> tuple[int, set[str]]:
-    """Every program on the quantized model's own boundary codes: ORT lowering == reference on every
-    tensor. Returns (tensors compared, op kinds seen)."""
+def assert_bit_exact(
+    qpath: Path, cm: CompiledModel, feed: dict, native: bool = False
+) -> tuple[int, set[str]]:
+    """Every program on the quantized model's own boundary codes: ORT lowering (the native kernels with
+    ``native``) == reference on every tensor. Returns (tensors compared, op kinds seen)."""
     values = boundary_codes(qpath, [i.name for p in cm.programs for i in p.inputs], feed)
     compared, kinds = 0, set()
     for prog in cm.programs:
         feeds = {i.name: codes_of(values[i.name], i).astype(i.dtype) for i in prog.inputs}
         ref = run_program(prog, feeds, debug=True)
         inner = [t for t in ref if t not in feeds]
-        model = program_to_model(prog, name="p", expose=inner)
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        model = program_to_model(prog, name="p", expose=inner, native=native)
+        sess = lowered_session(model, native)
         got = sess.run(None, {f"p/{k}": v for k, v in feeds.items()})
         for out, value in zip(sess.get_outputs(), got, strict=True):
             name = out.name[2:]
@@ -56,13 +58,14 @@ def assert_bit_exact(qpath: Path, cm: CompiledModel, feed: dict) -> tuple[int, s
     return compared, kinds
 
 
+@pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
 @pytest.mark.parametrize("target", ["bm1684x", "zhouyi-x2", "dpu-b4096"])
-def test_mobilenetv2_one_subgraph_bit_exact(folder: Path, target: str) -> None:
+def test_mobilenetv2_one_subgraph_bit_exact(folder: Path, target: str, native: bool) -> None:
     qpath = _quantized(folder, "mobilenetv2", target)
     cm = compile_model(qpath, target)
     assert cm.partition.num_subgraphs == 1 and cm.partition.mac_share == 1.0  # measured: every op on the NPU
     assert cm.partition.npu_ops == cm.partition.total_ops
-    compared, kinds = assert_bit_exact(qpath, cm, zoo_feeds("mobilenetv2", 1, seed=7)[0])
+    compared, kinds = assert_bit_exact(qpath, cm, zoo_feeds("mobilenetv2", 1, seed=7)[0], native)
     assert compared >= 66 and {"conv", "add", "avgpool", "matmul"} <= kinds
 
 
@@ -75,15 +78,18 @@ _REC = {
 }
 
 
-@pytest.mark.parametrize("target", list(_REC))
-def test_ppocr_rec_subgraphs_bit_exact(folder: Path, target: str) -> None:
+#: The native kernels on one target only (the reference run of this model dominates: about 20 s per case).
+@pytest.mark.parametrize(("target", "native"), [(t, False) for t in _REC] + [("bm1684x", True)])
+def test_ppocr_rec_subgraphs_bit_exact(folder: Path, target: str, native: bool) -> None:
     qpath = _quantized(folder, "ppocr_rec", target)
     cm = compile_model(qpath, target)
     share, needed = _REC[target]
     part = cm.partition
     assert part.mac_share >= share and part.npu_ops >= 0.55 * part.total_ops  # measured 0.97, 0.66, 0.58
     assert "compile" not in part.rules.values()  # no subgraph fell back: capability and compiler agree
-    compared, kinds = assert_bit_exact(qpath, cm, zoo_feeds("ppocr_rec", 1, seed=7, shape=REC_SHAPE)[0])
+    compared, kinds = assert_bit_exact(
+        qpath, cm, zoo_feeds("ppocr_rec", 1, seed=7, shape=REC_SHAPE)[0], native
+    )
     assert compared >= 200 and needed <= kinds, needed - kinds
 
 

@@ -1,0 +1,292 @@
+"""The native kernel library: Requant / Im2col / BytePlane equal the numpy reference on edge cases, run
+safely from many threads, and the loader refuses what it cannot use with one clear line."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import zonnx
+from tests.backend.native_support import lowered_session
+from tests.backend.test_ort_lowering import _tie_accs
+from zonnx import zoo
+from zonnx.backend import native
+from zonnx.backend.compiler import Op, Program, TensorInfo, quantize_multiplier
+from zonnx.backend.compiler.requant import ROUND_MODES, requantize
+from zonnx.backend.runtime import run_program
+from zonnx.backend.runtime.ort_kernels import Builder, Term, storage_of
+from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.backend.runtime.ort_native import (
+    NATIVE_DOMAIN,
+    emit_byte_plane,
+    emit_dwconv,
+    emit_im2col,
+    emit_native_requant,
+)
+from zonnx.errors import OptionError
+from zonnx.quantization.calibration.readers import ListReader
+
+pytestmark = pytest.mark.exactness
+
+
+def _model(b: Builder, out: str, ins: list[tuple[str, int, list | None]], out_type: int) -> onnx.ModelProto:
+    b.op("Identity", [out], "y")
+    g = helper.make_graph(
+        b.nodes,
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in ins],
+        [helper.make_tensor_value_info("y", out_type, None)],
+        b.initializers,
+    )
+    model = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NATIVE_DOMAIN, 1)]
+    )
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("bits", [15, 31, 39])
+@pytest.mark.parametrize("mode", ROUND_MODES)
+def test_requant_ties_negatives_saturation(bits: int, mode: str) -> None:
+    """Per-channel NCHW and NHWC, uint8 and int32 outputs; 39-bit multipliers (products beyond 2^62) take the __int128 loop."""
+    rng = np.random.default_rng(bits)
+    ratios = np.concatenate([rng.uniform(1e-5, 3e-3, 6), [0.5, 1.0]])
+    pairs = [quantize_multiplier(float(r), min(bits, 31), (0, 63)) for r in ratios]
+    m = np.array([p[0] for p in pairs], np.int64) << (bits - 31 if bits > 31 else 0)
+    s = np.array([p[1] for p in pairs], np.int64) + (bits - 31 if bits > 31 else 0)
+    bias = rng.integers(-5000, 5000, size=len(m))
+    acc = _tie_accs(m, s, 64, rng).transpose(1, 0, 2).reshape(len(m), -1)
+    acc = np.clip(acc, -(1 << 31), (1 << 31) - 1).astype(np.int32)
+    for out_dtype, zp, lo, hi in (
+        ("int8", -3, -128, 127),
+        ("uint8", 131, 131, 255),
+        ("int16", 5, -30000, 32767),
+    ):
+        want = requantize(
+            acc.astype(np.int64) + bias[:, None], m[:, None], s[:, None], mode, zero_point=zp, lo=lo, hi=hi
+        )
+        st = storage_of(out_dtype)
+        for nhwc in (False, True):
+            b = Builder("r")
+            term = Term("acc", m.astype(object), float(1 << 31))
+            const = m.astype(object) * bias.astype(object)
+            y = emit_native_requant(
+                b, [term], const, s, mode, zp, lo, hi, st, (-1,) if nhwc else (-1, 1), where="t"
+            )
+            assert y is not None and b.nodes[-1].op_type in ("RequantU8", "RequantI32")
+            wide = next(a.i for a in b.nodes[-1].attribute if a.name == "wide")
+            assert wide == (bits == 39)
+            sess = lowered_session(_model(b, y, [("acc", TensorProto.INT32, None)], st.onnx_type), True)
+            feed = np.ascontiguousarray(acc.T) if nhwc else acc
+            got = sess.run(None, {"acc": feed})[0].astype(np.int64) - st.offset
+            got = got.T if nhwc else got
+            assert np.array_equal(got, want), (mode, bits, out_dtype, nhwc, int(np.sum(got != want)))
+
+
+@pytest.mark.parametrize("mode", ["half_even", "half_away", "trunc"])
+def test_requant_two_terms_broadcast(mode: str) -> None:
+    """Two uint8 terms of different shapes broadcast like numpy (the add of a program with broadcasting)."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, size=(2, 3, 4)).astype(np.uint8)
+    c = rng.integers(0, 256, size=(3, 1)).astype(np.uint8)
+    m, k, s = [7, -3], -1000, 3
+    want = requantize(
+        m[0] * a.astype(np.int64) + m[1] * c.astype(np.int64) + k, 1, s, mode, zero_point=4, lo=0, hi=200
+    )
+    for cc in (c, np.broadcast_to(c, a.shape).copy()):  # broadcast loop and same-shape loop
+        b = Builder("r")
+        terms = [Term("a", np.array(m[0]), 255), Term("c", np.array(m[1]), 255)]
+        y = emit_native_requant(
+            b, terms, np.array(k), np.array([s]), mode, 4, 0, 200, storage_of("uint8"), (), where="t"
+        )
+        sess = lowered_session(
+            _model(b, y, [("a", TensorProto.UINT8, None), ("c", TensorProto.UINT8, None)], TensorProto.UINT8),
+            True,
+        )
+        assert np.array_equal(sess.run(None, {"a": a, "c": cc})[0], want)
+
+
+@pytest.mark.parametrize("dil", [[1, 2], [2, 1]])  # [2, 1]: adjacent taps copied as one run
+@pytest.mark.parametrize("plane", [0, 1, 2])
+def test_im2col_and_byte_planes(plane: int, dil: list[int]) -> None:
+    rng = np.random.default_rng(plane)
+    dtype, hi = (np.uint8, 256) if plane == 0 else (np.int32, 1 << 16)
+    x = rng.integers(0, hi, size=(2, 7, 6, 3)).astype(dtype)
+    kernel, strides, pads, pad = [3, 2], [2, 1], [1, 0, 2, 1], 300 if plane else 9
+    b = Builder("i")
+    y = emit_im2col(b, "x", kernel, strides, pads, dil, pad, plane)
+    onnx_type = TensorProto.UINT8 if plane == 0 else TensorProto.INT32
+    got = lowered_session(_model(b, y, [("x", onnx_type, None)], TensorProto.UINT8), True).run(
+        None, {"x": x}
+    )[0]
+    xp = np.pad(
+        x.astype(np.int64), [(0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)], constant_values=pad
+    )
+    oh = (xp.shape[1] - ((kernel[0] - 1) * dil[0] + 1)) // strides[0] + 1
+    ow = (xp.shape[2] - ((kernel[1] - 1) * dil[1] + 1)) // strides[1] + 1
+    taps = [
+        xp[:, i * dil[0] : i * dil[0] + strides[0] * (oh - 1) + 1 : strides[0],
+           j * dil[1] : j * dil[1] + strides[1] * (ow - 1) + 1 : strides[1]]
+        for i in range(kernel[0]) for j in range(kernel[1])
+    ]  # fmt: skip
+    want = np.concatenate(taps, axis=3)
+    want = {0: want, 1: want & 255, 2: want >> 8}[plane]
+    assert got.shape == want.shape and np.array_equal(got, want)
+    if plane:
+        b = Builder("p")
+        y = emit_byte_plane(b, "x", plane)
+        sess = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.UINT8), True)
+        assert np.array_equal(sess.run(None, {"x": x})[0], {1: x & 255, 2: x >> 8}[plane])
+
+
+def test_concurrent_runs_equal_single_thread(tmp_path: Path) -> None:
+    """8 threads calling run() on one native session give the single-threaded results bit for bit."""
+    src = zoo.get("digits_cnn")
+    feeds = zoo.sample_inputs("digits_cnn", 16, seed=2)
+    q = tmp_path / "q.onnx"
+    zonnx.quantize_static(str(src), str(q), ListReader(feeds[:4]), extra_options={"Target": "bm1684x"})
+    opts = {"target": "bm1684x", "cache_dir": str(tmp_path / "c"), "kernels": "native"}
+    sess = zonnx.InferenceSession(
+        str(q), providers=[("ZonnxNPUExecutionProvider", opts), "CPUExecutionProvider"]
+    )
+    assert sess.kernels is not None and sess.kernels.available
+    name = sess.get_inputs()[0].name
+    single = [sess.run(None, {name: f[name]})[0] for f in feeds]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        multi = list(pool.map(lambda f: sess.run(None, {name: f[name]})[0], feeds * 4))
+    assert all(np.array_equal(a, b) for a, b in zip(single * 4, multi, strict=True))
+    onnx_opts = dict(opts, kernels="onnx")
+    plain = zonnx.InferenceSession(
+        str(q), providers=[("ZonnxNPUExecutionProvider", onnx_opts), "CPUExecutionProvider"]
+    )
+    assert not plain.kernels.available
+    assert all(
+        np.array_equal(plain.run(None, {name: f[name]})[0], s) for f, s in zip(feeds, single, strict=True)
+    )
+
+
+def test_loader_refuses_what_it_cannot_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Missing and foreign libraries: one line each; kernels=native then refuses, auto falls back."""
+    monkeypatch.setenv("ZONNX_NATIVE_DIR", str(tmp_path))
+    native.native_status.cache_clear()
+    try:
+        missing = native.native_status()
+        assert not missing.available and "not built for these sources" in missing.reason
+        path = native.library_path()
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"\x7fELF not really")
+        native.native_status.cache_clear()
+        foreign = native.native_status()
+        assert not foreign.available and "not a zonnx kernel library" in foreign.reason
+        with pytest.raises(OptionError, match="kernels=native: .*not a zonnx kernel library"):
+            native.choose_kernels("native")
+        with pytest.raises(OptionError, match="must be one of auto, native, onnx"):
+            native.choose_kernels("fast")
+        monkeypatch.setenv(native.KERNELS_ENV, "onnx")
+        assert native.choose_kernels("auto").reason.startswith("pure-ONNX")
+    finally:
+        native.native_status.cache_clear()
+
+
+def test_build_reports_a_compile_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler that fails names its first error line and the log (no headers download: they are cached)."""
+    from zonnx.backend.native import build
+
+    monkeypatch.setenv("CXX", "false")
+    monkeypatch.setattr(build, "fetch_headers", lambda root=None: tmp_path)
+    monkeypatch.setenv("ZONNX_NATIVE_DIR", str(tmp_path))
+    with pytest.raises(native.NativeBuildError, match=r"did not compile: .*full log: .*build\.log"):
+        build.build_library()
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(native.NativeBuildError, match="no C\\+\\+ compiler"):
+        build.build_library()
+
+
+@pytest.mark.parametrize(
+    ("c", "stride", "pad", "dil"), [(32, 1, 1, 1), (32, 2, 1, 1), (7, 1, 2, 2), (2000, 1, 1, 1)]
+)
+def test_dwconv_matches_numpy(c: int, stride: int, pad: int, dil: int) -> None:
+    """Depthwise sums (x - zp) w with the pad code adding 0; stride 1 runs whole rows per tap."""
+    rng = np.random.default_rng(c)
+    w = rng.integers(-128, 128, size=(c, 1, 3, 3))
+    x = rng.integers(0, 256, size=(2, 9, 8, c)).astype(np.uint8)
+    x[0] = 255
+    b = Builder("d")
+    y = emit_dwconv(b, "x", w, [stride, stride], [pad] * 4, [dil, dil], 7)
+    got = lowered_session(_model(b, y, [("x", TensorProto.UINT8, None)], TensorProto.INT32), True).run(
+        None, {"x": x}
+    )[0]
+    xp = np.pad(x.astype(np.int64) - 7, [(0, 0), (pad, pad), (pad, pad), (0, 0)])
+    oh, ow = ((s + 2 * pad - 2 * dil - 1) // stride + 1 for s in x.shape[1:3])
+    want = sum(
+        xp[
+            :,
+            i * dil : i * dil + stride * (oh - 1) + 1 : stride,
+            j * dil : j * dil + stride * (ow - 1) + 1 : stride,
+        ]
+        * w[:, 0, i, j]
+        for i in range(3)
+        for j in range(3)
+    )
+    assert got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(("dt_a", "dt_b"), [("int16", "int16"), ("uint8", "int16")])
+def test_matmul2_16bit(dt_a: str, dt_b: str) -> None:
+    """Two 16-bit activations (attention's QK^T on A16 programs): byte-plane MatMulIntegers, one Requant."""
+    rng = np.random.default_rng(5)
+
+    def info(name: str, dt: str, shape: list[int]) -> TensorInfo:
+        lo, hi = {"int16": (-32768, 32767), "uint8": (0, 255)}[dt]
+        return TensorInfo(name, dt, lo, hi, [1.0], [0], None, shape)
+
+    def codes(dt: str, shape: tuple) -> np.ndarray:
+        lo, hi = {"int16": (-32768, 32768), "uint8": (0, 256)}[dt]
+        return rng.integers(lo, hi, shape).astype(dt)
+
+    a, b = codes(dt_a, (2, 5, 37)), codes(dt_b, (2, 37, 4))
+    a[0, 0, :] = np.iinfo(dt_a).max  # saturating rows
+    m, s = quantize_multiplier(3e-9 if dt_a == "int16" else 2e-4, 15)
+    attrs = dict(
+        zp_a=7 if dt_a == "uint8" else -300, zp_b=250, zp_out=-5, lo=-32768, hi=32767, round_mode="half_even"
+    )
+    ins = [info("a", dt_a, list(a.shape)), info("b", dt_b, list(b.shape))]
+    out = info("y", "int16", None)
+    op = Op("matmul2", "mm", ["a", "b"], ["y"], attrs, {"multiplier": np.array([m]), "shift": np.array([s])})
+    prog = Program(ins, [out], [op], {t.name: t for t in [*ins, out]}, "test")
+    ref = run_program(prog, {"a": a, "b": b})["y"]
+    model = program_to_model(prog, name="p", native=True)
+    assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == (4 if dt_a == "int16" else 2)
+    got = lowered_session(model, True).run(None, {"p/a": a, "p/b": b})[0]
+    assert np.array_equal(got.astype(np.int64), ref) and ref.min() < 0 < ref.max()
+
+
+def test_a16w8_transformer_runs_in_ort(tmp_path: Path) -> None:
+    """16-bit attention (matmul2 of two activations) runs on the native kernels, not the numpy fallback."""
+    feeds = zoo.sample_inputs("transformer", 2, seed=1)
+    q = tmp_path / "a16.onnx"
+    zonnx.quantize_static(
+        str(zoo.get("transformer")),
+        str(q),
+        ListReader(feeds),
+        activation_type="int16",
+        weight_type="int8",
+        extra_options={"Target": "zhouyi-x2"},
+    )
+
+    def session(**extra: str) -> zonnx.InferenceSession:
+        opts = {"target": "zhouyi-x2", "cache_dir": str(tmp_path / "c"), **extra}
+        return zonnx.InferenceSession(
+            str(q), providers=[("ZonnxNPUExecutionProvider", opts), "CPUExecutionProvider"]
+        )
+
+    fast, ref = session(kernels="native"), session(executor="reference")
+    assert fast.executor == "ort" and fast.kernels.available
+    for f in feeds:
+        assert all(np.array_equal(a, b) for a, b in zip(fast.run(None, f), ref.run(None, f), strict=True))
