@@ -339,7 +339,9 @@ def quantize(
         cfg = dataclasses.replace(
             cfg, op_type_overrides=cfg_file.get("op_types", {}), node_overrides=cfg_file.get("nodes", {})
         )
-    if calib is None and load_stats is None and load_table is None:
+    from zonnx.quantization.prequant import quantized_form
+
+    if calib is None and load_stats is None and load_table is None and quantized_form(proto) in (None, "dynamic"):
         raise OptionError(
             "give calibration data with --calib (images folder, .npz/.npy, or FILE.py:FUNC), "
             "or saved statistics with --load-stats."
@@ -370,6 +372,10 @@ def quantize(
         task = bar.add_task("calibrating", total=total)
         result = quantize_static(model, output, reader, config=cfg, progress=lambda _b: bar.advance(task))
     console.print(_summary(result, time.perf_counter() - start, output))
+    if result.prequant is not None:
+        from zonnx.quantization.prequant.render import render_retarget
+
+        render_retarget(console, result.prequant)
     if result.report is not None:
         result.report.render(console, top=10)
         err_console.print(
