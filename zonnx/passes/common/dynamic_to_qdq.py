@@ -96,6 +96,15 @@ def _dq(em: _Emitter, anchor: ir.Node, code: ir.Value, scale: ir.Value, zp: ir.V
     return em.node(anchor, "DequantizeLinear", [code, scale, zp], f"{code.name}_dequantized", **attrs)
 
 
+def _take_over(em: _Emitter, old: ir.Value, new: ir.Value) -> None:
+    """``new`` replaces ``old`` and takes its name (tensors stay comparable by name)."""
+    name = old.name
+    replace_value(old, new)
+    if name and new.name != name:
+        old.name = em.fresh(f"{name}_replaced")
+        new.name = name
+
+
 def _integer_tail(em: _Emitter, n: ir.Node) -> tuple[list[ir.Node], str | None]:
     """MatMulInteger/ConvInteger [-> Add(int32)] -> Cast -> Mul(s * sw): the rewrite, or why not."""
     where = f"{label(n)} ({n.op_type})"
@@ -143,7 +152,7 @@ def _integer_tail(em: _Emitter, n: ir.Node) -> tuple[list[ir.Node], str | None]:
             f"{n.name or op}_biased",
         )
     y.type, y.shape = mul.outputs[0].type, mul.outputs[0].shape
-    replace_value(mul.outputs[0], y)
+    _take_over(em, mul.outputs[0], y)
     return [mul, cast, *reversed(tail)], None
 
 
@@ -167,7 +176,7 @@ def _matmul_to_float(em: _Emitter, n: ir.Node) -> tuple[list[ir.Node], str | Non
     if bias is not None:
         y = em.node(n, "Add", [y, bias], f"{n.name or 'MatMul'}_biased")
     y.type, y.shape = n.outputs[0].type, n.outputs[0].shape
-    replace_value(n.outputs[0], y)
+    _take_over(em, n.outputs[0], y)
     return [n], None
 
 

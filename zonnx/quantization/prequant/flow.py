@@ -22,7 +22,13 @@ import onnx_ir as ir
 from zonnx.errors import OptionError
 from zonnx.quantization.plan import QuantPlan
 from zonnx.quantization.prequant.importer import ImportedModel, import_prequantized
-from zonnx.quantization.prequant.retarget import GridChange, RetargetReport, compare_outputs, grid_changes, pin_ranges
+from zonnx.quantization.prequant.retarget import (
+    GridChange,
+    RetargetReport,
+    compare_outputs,
+    grid_changes,
+    pin_ranges,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -212,6 +212,24 @@ class _Importer:
             self.graph.remove(node, safe=True)
             self._drop_unused(inputs)
 
+    def _keep_grid(self, value: ir.Value, quantizer: ir.Node) -> None:
+        """Record the grid of a quantizer that stays (graph-input DQ, graph-output Q) for ``value``."""
+        scale = const_array(quantizer.inputs[1])
+        z_v = quantizer.inputs[2] if len(quantizer.inputs) > 2 else None
+        zp = const_array(z_v) if z_v is not None else None
+        codes = quantizer.inputs[0] if quantizer.op_type == "DequantizeLinear" else quantizer.outputs[0]
+        if scale is None or scale.size != 1 or (z_v is not None and zp is None) or codes.dtype is None:
+            return
+        grid = grid_from_arrays(scale, zp, int(codes.dtype), None)
+        if grid is not None and value.name not in self.out.activations:
+            self.out.activations[value.name] = grid
+
+    def finish(self) -> None:
+        """Quantizers writing graph outputs stay; their float input keeps the grid."""
+        for node in self.graph:
+            if node.op_type == "QuantizeLinear" and node.outputs[0].is_graph_output():
+                self._keep_grid(node.inputs[0], node)
+
     def _drop_unused(self, values: list[ir.Value | None]) -> None:
         prune(values)
         for v in values:
@@ -236,7 +254,9 @@ def import_prequantized(model: ir.Model) -> ImportedModel | None:
         )
     if form in ("dynamic", "qoperator"):
         _to_qdq(model, imported)
-    _Importer(model, imported).run()
+    importer = _Importer(model, imported)
+    importer.run()
+    importer.finish()
     logger.info(
         "imported a %s model: %d activation grid(s), %d weight grid(s), %d dynamic tensor(s), %d ReLU(s) made explicit",
         form, len(imported.activations), len(imported.weights), len(imported.dynamic), len(imported.relus),

@@ -16,7 +16,9 @@ def render_retarget(console: Any, report: RetargetReport, top: int = 10) -> None
     rows = [c for c in report.changes if c.action != "kept"]
     rows.sort(key=lambda c: -(c.step_ratio or 0.0))
     if rows:
-        table = Table(title=f"grids re-expressed for the target ({len(rows)} of {len(report.changes)} changed)")
+        table = Table(
+            title=f"grids re-expressed for the target ({len(rows)} of {len(report.changes)} changed)"
+        )
         for col in ("tensor", "role", "action", "source grid", "target grid", "step x", "weight SQNR dB"):
             table.add_column(col)
         for c in rows[:top]:
