@@ -341,7 +341,7 @@ def quantize(
         )
     from zonnx.quantization.prequant import quantized_form
 
-    if calib is None and load_stats is None and load_table is None and quantized_form(proto) in (None, "dynamic"):
+    if calib is None and load_stats is None and load_table is None and quantized_form(proto) is None:
         raise OptionError(
             "give calibration data with --calib (images folder, .npz/.npy, or FILE.py:FUNC), "
             "or saved statistics with --load-stats."
