@@ -38,6 +38,7 @@ from zonnx.backend.partition.capability import node_keys
 from zonnx.backend.targets import Target, load_target
 from zonnx.errors import UnsupportedModelError
 from zonnx.ir.io import check_names, check_single_writers, load_proto, save_model, to_proto
+from zonnx.ir.large import is_large, model_digest
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def prepare_source(model: Any) -> tuple[onnx.ModelProto, bytes]:
         check_single_writers(proto, "model bytes")
     else:
         proto = load_proto(model) if isinstance(model, str | Path) else to_proto(model)
-        data = proto.SerializeToString()
+        data = proto.SerializeToString() if not is_large(proto) else model_digest(proto).encode()
         if not isinstance(model, str | Path):
             copy = onnx.ModelProto()
             copy.CopyFrom(proto)

@@ -62,7 +62,7 @@ from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
 from zonnx.hostcpu import int_path
-from zonnx.ir.io import check_names, check_single_writers, load_proto
+from zonnx.ir.io import check_names, check_single_writers, external_data_locations, load_proto
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +80,12 @@ def _read(path_or_bytes: Any) -> tuple[bytes, str]:
     if not path.is_file():
         load_proto(path)  # raises the ModelLoadError that names the problem
     try:
-        return path.read_bytes(), str(path)
+        data = path.read_bytes()
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot be read ({e.strerror}).") from None
+    if external_data_locations(onnx.load_from_string(data)):  # weights beside the model: read them too, so
+        return load_proto(path).SerializeToString(), str(path)  # the cache key covers them and ORT finds them
+    return data, str(path)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:

@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
 from zonnx.ir.io import default_opset, save_model, to_ir, to_proto
+from zonnx.ir.large import copy_model
 from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig, annotate, nodes_between
 from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
@@ -333,7 +334,7 @@ def quantize_static(
 
     recovery.check_recovery_options(cfg, calibration_data_reader is not None)
     model = to_ir(
-        onnx.ModelProto.FromString(model_input.SerializeToString())
+        copy_model(model_input)  # CopyFrom: works past 2 GiB
         if isinstance(model_input, onnx.ModelProto)
         else model_input
     )
