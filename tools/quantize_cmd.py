@@ -259,6 +259,9 @@ def quantize(
     fast_finetune_iters: int = typer.Option(
         None, "--fast-finetune-iters", help="Fast finetune steps per layer (default 1000)."
     ),
+    requantize: bool = typer.Option(
+        False, "--requantize", help="A pre-quantized MODEL: dequantize it and calibrate from scratch (no grids kept)."
+    ),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
     search_outputs = (
@@ -302,6 +305,8 @@ def quantize(
     ):
         if value is not None:
             extra_options[key] = value if isinstance(value, bool | int) else str(value)
+    if requantize:
+        extra_options["PrequantRequantize"] = True
     _fast_finetune_options(extra_options, fast_finetune, fast_finetune_iters)
     if smooth_quant_alpha is not None and not smooth_quant:
         raise OptionError(

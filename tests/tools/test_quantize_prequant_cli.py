@@ -36,6 +36,13 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_qdq_model_retargets_without_data(models: dict[str, Path], tmp_path: Path) -> None:
+    proc = run_cli(
+        "compile", str(models["qdq"]), "--target", "bm1684x", "-o", str(tmp_path / "as_is.onnx"), check=True
+    )
+    first = proc.stdout.splitlines()[0]  # compiled as it is: one line says why and how to fix it
+    assert "quantization grids break bm1684x's rules (zero_point" in first and "zonnx quantize" in first, (
+        first
+    )
     out = tmp_path / "out.onnx"
     proc = run_cli("quantize", str(models["qdq"]), str(out), "--target", "bm1684x", check=True)
     assert "retargeted a pre-quantized qdq model" in proc.stdout and "no accuracy check" in proc.stdout

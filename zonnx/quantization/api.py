@@ -357,6 +357,10 @@ def quantize_static(
             "nothing to quantize: no node matched op_types_to_quantize / nodes_to_quantize "
             f"(skipped: {dict(list(plan.skipped.items())[:5])})."
         )
+    if imported is not None and cfg.extra.prequant_requantize:
+        imported.drop_grids()  # --requantize: the dequantized model is calibrated from scratch
+    elif cfg.extra.prequant_requantize:
+        logger.warning("PrequantRequantize: the model is not pre-quantized; the option changes nothing")
     actions = prequant.pin_for_plan(plan, imported, model, has_data) if imported is not None else {}
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)

@@ -120,6 +120,7 @@ def test_dynamic_to_bm1684x_with_data(ort_models: dict[str, Path], tmp_path) -> 
                           **target_quantize_kwargs("bm1684x"))  # fmt: skip
     rep = res.prequant
     assert rep.form == "dynamic" and rep.counts()["activation calibrated"] == 33
+    assert rep.counts()["weight kept"] + rep.counts()["weight snapped"] == 21  # grids follow folded weights
     assert min(r["cosine"] for r in rep.outputs.values()) > 0.99
     ops = {n.op_type for n in res.model.graph.node}
     assert not ops & {"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"}
@@ -148,3 +149,20 @@ def test_dynamic_to_qdq_pass_keeps_each_op_exact(ort_models: dict[str, Path]) ->
     # the whole network: rounding of later dynamic codes may flip, the output stays close
     a, b = _run(src, feed), _run(out, feed)
     assert np.abs(a - b).max() < 0.02 * np.ptp(a)
+
+
+def test_requantize_calibrates_from_scratch(ort_models: dict[str, Path], tmp_path) -> None:
+    kwargs = target_quantize_kwargs("bm1684x")
+    kwargs["extra_options"]["PrequantRequantize"] = True
+    with pytest.raises(OptionError, match="no range in the pre-quantized model"):
+        quantize_static(ort_models["QDQ"], tmp_path / "r.onnx", None, **kwargs)
+    res = quantize_static(
+        ort_models["QDQ"], tmp_path / "r.onnx", ListReader(zoo.sample_inputs("resnet18", 4)), **kwargs
+    )
+    counts = res.prequant.counts()
+    assert (
+        counts["activation calibrated"] == 33
+        and "activation kept" not in counts
+        and "activation snapped" not in counts
+    )
+    assert min(r["cosine"] for r in res.prequant.outputs.values()) > 0.99

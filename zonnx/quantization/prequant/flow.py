@@ -49,6 +49,7 @@ def import_for_quantize(model: ir.Model, has_data: bool) -> ImportedModel | None
 
         for name in ("shape-inference", "constant-folding", "fold-conv-affine", "canonicalize-gemm"):
             make_pass(name)(model)
+        _follow_renamed_weights(model, imported)
     if imported is not None:
         logger.warning(
             "input is a pre-quantized %s model: its grids are imported and re-expressed in this run's scheme "
@@ -56,6 +57,17 @@ def import_for_quantize(model: ir.Model, has_data: bool) -> ImportedModel | None
             imported.form,
         )
     return imported
+
+
+def _follow_renamed_weights(model: ir.Model, imported: ImportedModel) -> None:
+    """Folding passes write a weight under a derived name (``W_affine``); its source grid follows it (the
+    report then measures the target's codes against the weight as folded)."""
+    inits = model.graph.initializers
+    for old in [n for n in imported.weights if n not in inits]:
+        grid = imported.weights.pop(old)
+        new = next((n for n in inits if n.startswith(old) and n not in imported.weights), None)
+        if new is not None:
+            imported.weights[new] = grid
 
 
 def pin_for_plan(plan: QuantPlan, imported: ImportedModel, model: ir.Model, has_data: bool) -> dict[str, str]:

@@ -42,6 +42,13 @@ _KEEPS_SIGN = frozenset(
 )  # fmt: skip
 
 
+#: Ops that move or select codes without changing them: ``op(Q(x)) = Q(op(x))`` with the same grid.
+_MOVES_CODES = frozenset(
+    {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Identity", "MaxPool", "Gather",
+     "DepthToSpace", "SpaceToDepth", "Expand", "Tile"}
+)  # fmt: skip
+
+
 @dataclasses.dataclass
 class ImportedModel:
     """What the import found: the source form, grids by float tensor name, dynamic tensors, notes."""
@@ -53,6 +60,19 @@ class ImportedModel:
     relus: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     rewrites: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def drop_grids(self) -> None:
+        """Forget every activation grid (requantize from scratch: each range is calibrated)."""
+        self.notes.append(f"requantized: {len(self.activations)} imported activation range(s) not used")
+        self.activations.clear()
+
+
+def _code_type(q: ir.Node) -> ir.DataType:
+    """QuantizeLinear's code type: its zero point's (ONNX's rule), else its output's, else uint8."""
+    zp = q.inputs[2] if len(q.inputs) > 2 else None
+    if zp is not None and zp.dtype is not None:
+        return zp.dtype
+    return q.outputs[0].dtype or ir.DataType.UINT8
 
 
 def _nonneg(value: ir.Value, depth: int = 0) -> bool:
@@ -160,10 +180,7 @@ class _Importer:
         zp = const_array(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] is not None else None
         grid = None
         if scale is not None and (zp is not None or len(q.inputs) < 3 or q.inputs[2] is None):
-            code_type = q.outputs[0].dtype or (
-                q.inputs[2].dtype if len(q.inputs) > 2 and q.inputs[2] is not None else ir.DataType.UINT8
-            )
-            grid = grid_from_arrays(scale, zp, int(code_type), q.attributes.get_int("axis", 1))
+            grid = grid_from_arrays(scale, zp, int(_code_type(q)), q.attributes.get_int("axis", 1))
         if grid is None:
             self.out.notes.append(
                 f"{label(q)}: grid not constant or not an integer type; its range is calibrated"
@@ -195,6 +212,8 @@ class _Importer:
                 why = self.constant(node, codes)
             elif producer is not None and producer.op_type == "QuantizeLinear":
                 why = self.activation(node, producer)
+            elif producer is not None and self._code_chain(producer) is not None:
+                why = self.moved_codes(node, producer)
             elif producer is not None and producer.op_type == "DynamicQuantizeLinear":
                 x = producer.inputs[0]
                 replace_value(node.outputs[0], x)
@@ -212,15 +231,57 @@ class _Importer:
             self.graph.remove(node, safe=True)
             self._drop_unused(inputs)
 
+    def _code_chain(self, node: ir.Node) -> ir.Node | None:
+        """The QuantizeLinear at the start of a chain of code-moving ops ending at ``node``, else None."""
+        for _ in range(16):
+            if node.op_type == "QuantizeLinear":
+                return node
+            if node.op_type not in _MOVES_CODES or not node.inputs or node.inputs[0] is None:
+                return None
+            if node.op_type == "Pad" and len(node.inputs) > 2 and node.inputs[2] is not None:
+                return None  # a constant pad code would need its float value
+            node = node.inputs[0].producer()
+            if node is None:
+                return None
+        return None
+
+    def float_twin(self, anchor: ir.Node, node: ir.Node) -> ir.Value:
+        """The float value ``node``'s codes stand for: the same op applied to the float input."""
+        if node.op_type == "QuantizeLinear":
+            return node.inputs[0]
+        x = self.float_twin(anchor, node.inputs[0].producer())
+        out = ir.Value(name=self.fresh(f"{node.outputs[0].name}_float"))
+        twin = ir.Node(node.domain, node.op_type, [x, *node.inputs[1:]], list(node.attributes.values()),
+                       outputs=[out], name=self.fresh(f"{node.name or node.op_type}_float"))  # fmt: skip
+        self.graph.insert_before(anchor, twin)
+        return out
+
+    def moved_codes(self, dq: ir.Node, producer: ir.Node) -> str | None:
+        """DQ(op(...Q(x))) for ops that only move or select codes: op applied to x, with Q's grid."""
+        q = self._code_chain(producer)
+        assert q is not None
+        scale = const_array(q.inputs[1])
+        zp = const_array(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] is not None else None
+        if scale is None or scale.size != 1:
+            return f"{label(dq)}: codes moved from a quantizer whose grid is not one constant scale; kept"
+        y = self.float_twin(dq, producer)
+        replace_value(dq.outputs[0], y)
+        grid = grid_from_arrays(scale, zp, int(_code_type(q)), None)
+        if grid is not None:  # the quantized tensor and what the moved codes stand for share the grid
+            self.out.activations.setdefault(y.name, grid)
+            self.out.activations.setdefault(q.inputs[0].name, grid)
+        return None
+
     def _keep_grid(self, value: ir.Value, quantizer: ir.Node) -> None:
         """Record the grid of a quantizer that stays (graph-input DQ, graph-output Q) for ``value``."""
         scale = const_array(quantizer.inputs[1])
         z_v = quantizer.inputs[2] if len(quantizer.inputs) > 2 else None
         zp = const_array(z_v) if z_v is not None else None
         codes = quantizer.inputs[0] if quantizer.op_type == "DequantizeLinear" else quantizer.outputs[0]
-        if scale is None or scale.size != 1 or (z_v is not None and zp is None) or codes.dtype is None:
+        code_type = z_v.dtype if z_v is not None and z_v.dtype is not None else codes.dtype
+        if scale is None or scale.size != 1 or (z_v is not None and zp is None) or code_type is None:
             return
-        grid = grid_from_arrays(scale, zp, int(codes.dtype), None)
+        grid = grid_from_arrays(scale, zp, int(code_type), None)
         if grid is not None and value.name not in self.out.activations:
             self.out.activations[value.name] = grid
 
@@ -257,6 +318,9 @@ def import_prequantized(model: ir.Model) -> ImportedModel | None:
     importer = _Importer(model, imported)
     importer.run()
     importer.finish()
+    from zonnx.passes.catalog import make_pass
+
+    make_pass("dead-code")(model)  # code-moving ops whose codes nobody reads any more
     logger.info(
         "imported a %s model: %d activation grid(s), %d weight grid(s), %d dynamic tensor(s), %d ReLU(s) made explicit",
         form, len(imported.activations), len(imported.weights), len(imported.dynamic), len(imported.relus),
