@@ -417,7 +417,9 @@ def save_model(
                 location=data_name,
                 size_threshold=1024,
             )
-            os.chmod(tmp_dir / data_name, 0o666 & ~current_umask())  # onnx writes 0600; outputs follow the umask
+            os.chmod(
+                tmp_dir / data_name, 0o666 & ~current_umask()
+            )  # onnx writes 0600; outputs follow the umask
             os.replace(tmp_dir / data_name, folder / data_name)
         else:
             tmp_model.write_bytes(proto.SerializeToString())

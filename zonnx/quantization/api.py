@@ -340,8 +340,8 @@ def quantize_static(
     )
     from zonnx.quantization.prequant import flow as prequant
 
-    has_data = calibration_data_reader is not None
-    imported = prequant.import_for_quantize(model, has_data or bool(cfg.extra.load_stats))
+    has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
+    imported = prequant.import_for_quantize(model, has_data)
     _prepare(model, cfg)
     records = recovery.recover_float(model, cfg)
     if cfg.extra.smooth_quant:
