@@ -48,6 +48,7 @@ from zonnx.backend.targets import Target, load_target
 from zonnx.converters.from_onnx import set_input_dims
 from zonnx.errors import UnsupportedModelError
 from zonnx.ir.io import check_structure, load_proto, save_model, to_proto
+from zonnx.ir.large import is_large, model_digest
 from zonnx.passes.catalog import make_pass
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def prepare_source(model: Any) -> tuple[onnx.ModelProto, bytes]:
         check_structure(proto, "model bytes", order=True)
     else:
         proto = load_proto(model) if isinstance(model, str | Path) else to_proto(model)
-        data = proto.SerializeToString()
+        data = proto.SerializeToString() if not is_large(proto) else model_digest(proto).encode()
         if not isinstance(model, str | Path):
             copy = onnx.ModelProto()
             copy.CopyFrom(proto)

@@ -82,7 +82,7 @@ from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
 from zonnx.hostcpu import int_path
-from zonnx.ir.io import check_external_files, check_structure, load_proto
+from zonnx.ir.io import check_structure, external_data_locations, load_proto
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +100,16 @@ def _read(path_or_bytes: Any) -> tuple[bytes, str]:
     if not path.is_file():
         load_proto(path)  # raises the ModelLoadError that names the problem
     try:
-        return path.read_bytes(), str(path)
+        data = path.read_bytes()
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot be read ({e.strerror}).") from None
+    try:
+        refs = external_data_locations(onnx.load_from_string(data))
+    except Exception:  # noqa: BLE001 - not parseable: _parse says so in one line
+        refs = set()
+    if refs:  # weights beside the model (missing ones named by load_proto): read them too, so the cache
+        return load_proto(path).SerializeToString(), str(path)  # key covers them and ORT finds them
+    return data, str(path)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -113,8 +120,6 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
         raise ModelLoadError(f"{where}: not a valid ONNX model (the protobuf does not parse).") from None
     if not model.HasField("graph"):
         raise ModelLoadError(f"{where}: not an ONNX model (no graph).")
-    if where != "model":  # read from a file: its external data must sit beside it
-        check_external_files(model, Path(where).parent, where)
     check_structure(model, where, order=True)
     return model
 

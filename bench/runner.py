@@ -292,6 +292,17 @@ REGISTRY: dict[str, Benchmark] = {
             "SmoothQuant on the BERT zoo encoder: int8 embedding cosine with and without it",
         ),
         Benchmark(
+            "prequant",
+            "bench.bench_prequant:bench_prequant",
+            "ResNet-18 quantized by ORT (QOperator, QDQ, dynamic) retargeted to every NPU: MAC share, cosine vs source",
+        ),
+        Benchmark(
+            "large_model",
+            "bench.bench_large_model:bench_large_model",
+            "a MatMul chain with 2.2 GB of float weights: quantize_static time and peak RSS vs ORT's, then "
+            "optimize --verify, compile and an NPU session",
+        ),
+        Benchmark(
             "zoo_ort",
             "bench.bench_zoo_ort:bench_zoo_ort",
             "ORT float throughput of the CNN zoo models, graph optimizations off vs ORT default",

@@ -6,6 +6,7 @@ __all__ = ["compile"]
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -60,6 +61,15 @@ def compile(  # noqa: A001 - the subcommand's name
     if json_:
         sys.stdout.write(json.dumps({**to_dict(compiled.partition), "output": str(out)}, indent=1) + "\n")
         return
+    grid_rules = Counter(r for r in compiled.partition.rules.values() if r in ("zero_point", "scale", "dtype"))
+    if grid_rules:  # a model quantized for another scheme: one line with the fix, before the details
+        what = ", ".join(f"{r} {n}" for r, n in grid_rules.most_common())
+        console.print(
+            f"{sum(grid_rules.values())} node(s) stay on the CPU because the model's quantization grids break "
+            f"{compiled.partition.target}'s rules ({what}); retarget it: zonnx quantize {model} "
+            f"{model.with_name(model.stem + '_' + compiled.partition.target + '.onnx')} --target {target}",
+            markup=False,
+        )
     render_partition(compiled.partition, console, verbose=verbose)
     if verbose:
         for sub, prog in zip(compiled.partition.subgraphs, compiled.programs, strict=True):

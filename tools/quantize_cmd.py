@@ -285,6 +285,9 @@ def quantize(
     fast_finetune_iters: int = typer.Option(
         None, "--fast-finetune-iters", help="Fast finetune steps per layer (default 1000)."
     ),
+    requantize: bool = typer.Option(
+        False, "--requantize", help="A pre-quantized MODEL: dequantize it and calibrate from scratch (no grids kept)."
+    ),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
     search_outputs = (
@@ -328,6 +331,8 @@ def quantize(
     ):
         if value is not None:
             extra_options[key] = value if isinstance(value, bool | int) else str(value)
+    if requantize:
+        extra_options["PrequantRequantize"] = True
     _fast_finetune_options(extra_options, fast_finetune, fast_finetune_iters)
     if smooth_quant_alpha is not None and not smooth_quant:
         raise OptionError(
@@ -365,7 +370,9 @@ def quantize(
         cfg = dataclasses.replace(
             cfg, op_type_overrides=cfg_file.get("op_types", {}), node_overrides=cfg_file.get("nodes", {})
         )
-    if calib is None and load_stats is None and load_table is None:
+    from zonnx.quantization.prequant import quantized_form
+
+    if calib is None and load_stats is None and load_table is None and quantized_form(proto) is None:
         raise OptionError(
             "give calibration data with --calib (images folder, .npz/.npy, or FILE.py:FUNC), "
             "or saved statistics with --load-stats."
@@ -396,6 +403,10 @@ def quantize(
         task = bar.add_task("calibrating", total=total)
         result = quantize_static(model, output, reader, config=cfg, progress=lambda _b: bar.advance(task))
     console.print(_summary(result, time.perf_counter() - start, output))
+    if result.prequant is not None:
+        from zonnx.quantization.prequant.render import render_retarget
+
+        render_retarget(console, result.prequant)
     if result.report is not None:
         result.report.render(console, top=10)
         err_console.print(

@@ -167,7 +167,9 @@ def ort_session(model: ModelLike, *, optimize: bool = False) -> ort.InferenceSes
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        from zonnx.ir.large import ort_session
+
+        return ort_session(proto, opts, ["CPUExecutionProvider"])  # never one 2 GiB protobuf
     except Exception as e:  # ORT raises its own exception classes without a common public base
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise VerificationError(f"onnxruntime cannot load the model: {first}") from None

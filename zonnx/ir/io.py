@@ -23,6 +23,9 @@ __all__ = [
     "check_tensors",
     "sweep_stale_temporaries",
     "default_opset",
+    "PROTO_LIMIT",
+    "proto_limit",
+    "tensor_bytes",
 ]
 
 import logging
@@ -32,6 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import TypeAlias
 
+import numpy as np
 import onnx
 import onnx.external_data_helper
 import onnx_ir as ir
@@ -54,6 +58,10 @@ logger = logging.getLogger(__name__)
 MAX_IR_VERSION = 13
 #: Above this many bytes of tensor data a model is saved with external data (protobuf's limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+#: Tensor bytes above which a model is never serialized into one protobuf (protobuf refuses 2 GiB); the
+#: graph itself needs room too. ``ZONNX_PROTO_LIMIT`` lowers it (tests force the large-model paths).
+PROTO_LIMIT = 2**31 - 2**26
 
 ModelLike: TypeAlias = "str | os.PathLike[str] | onnx.ModelProto | ir.Model"
 
@@ -88,6 +96,25 @@ def check_external_files(model: onnx.ModelProto, base_dir: Path, where: str) -> 
         )
 
 
+def _check_external_sizes(model: onnx.ModelProto, path: Path) -> None:
+    """Every external tensor's bytes lie inside its file; a truncated file is a ModelLoadError naming both."""
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if not onnx.external_data_helper.uses_external_data(tensor):
+            continue
+        info = onnx.external_data_helper.ExternalDataInfo(tensor)
+        file = path.parent / info.location
+        size = file.stat().st_size if file.is_file() else 0
+        end = (info.offset or 0) + (info.length if info.length is not None else 0)
+        if info.length is None:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+            end = (info.offset or 0) + int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+        if end > size:
+            raise ModelLoadError(
+                f"{path}: external data file {info.location} is truncated: tensor {tensor.name!r} needs bytes up to "
+                f"{end} and the file has {size}; copy the complete file beside the model."
+            )
+
+
 def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True) -> onnx.ModelProto:
     """Read an ONNX file; every failure becomes a ModelLoadError naming the file and what to do."""
     p = Path(path)
@@ -112,6 +139,7 @@ def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True)
     check_structure(model, str(p))
     if load_external_data:  # without it (inspect) missing files are the caller's note, not an error
         check_external_files(model, p.parent, str(p))
+        _check_external_sizes(model, p)
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as e:
@@ -149,7 +177,8 @@ def to_proto(model: ModelLike) -> onnx.ModelProto:
     return proto
 
 
-def _tensor_bytes(proto: onnx.ModelProto) -> int:
+def tensor_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes of every tensor of the model as stored (initializers, Constant attributes, functions)."""
     return sum(t.ByteSize() for t in onnx.external_data_helper._get_all_tensors(proto))
 
 
@@ -262,7 +291,7 @@ def save_model(
 
     proto = to_proto(model)
     if external_data is None:
-        external_data = _tensor_bytes(proto) > EXTERNAL_DATA_THRESHOLD
+        external_data = tensor_bytes(proto) > min(EXTERNAL_DATA_THRESHOLD, proto_limit())
     data_name = out.name + ".data"
     try:
         sweep_stale_temporaries(folder, out.name)
@@ -280,6 +309,9 @@ def save_model(
                 location=data_name,
                 size_threshold=1024,
             )
+            os.chmod(
+                tmp_dir / data_name, 0o666 & ~current_umask()
+            )  # onnx writes 0600; outputs follow the umask
             os.replace(tmp_dir / data_name, folder / data_name)
         else:
             data = proto.SerializeToString()
@@ -295,3 +327,8 @@ def save_model(
         shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("saved %s", out)
     return out
+
+
+def proto_limit() -> int:
+    """``PROTO_LIMIT``, or ``ZONNX_PROTO_LIMIT`` when set (bytes)."""
+    return int(os.environ.get("ZONNX_PROTO_LIMIT", PROTO_LIMIT))

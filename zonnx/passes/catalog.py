@@ -30,6 +30,7 @@ PASSES: dict[str, str] = {
     "cancel-transpose-reshape": "zonnx.passes.fusion.transpose_reshape:CancelTransposeReshapePass",
     # imports of models quantized elsewhere
     "qoperator-to-qdq": "zonnx.converters.qoperator_to_qdq:QOperatorToQDQPass",
+    "dynamic-to-qdq": "zonnx.passes.common.dynamic_to_qdq:DynamicToQDQPass",
     # NPU constraint refinement of quantized models (option target=, default "dpu-b4096")
     "refine-leaky-relu": "zonnx.quantization.refine.leaky_relu:LeakyReluSlopePass",
     "refine-sigmoid": "zonnx.quantization.refine.sigmoid:SigmoidRangePass",

@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
 from zonnx.ir.io import default_opset, save_model, to_ir, to_proto
+from zonnx.ir.large import copy_model
 from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig, annotate, nodes_between
 from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
@@ -56,6 +57,8 @@ class QuantizeResult:
     prepared: onnx.ModelProto | None = None  # the float model after the prep passes (the report's reference)
     #: Accuracy-recovery records by algorithm (CLE, bias correction, fast finetune), when run.
     recovery: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: For a pre-quantized input: how its grids were re-expressed (``prequant.retarget.RetargetReport``).
+    prequant: Any = None
 
 
 def build_config(
@@ -331,10 +334,14 @@ def quantize_static(
 
     recovery.check_recovery_options(cfg, calibration_data_reader is not None)
     model = to_ir(
-        onnx.ModelProto.FromString(model_input.SerializeToString())
+        copy_model(model_input)  # CopyFrom: works past 2 GiB
         if isinstance(model_input, onnx.ModelProto)
         else model_input
     )
+    from zonnx.quantization.prequant import flow as prequant
+
+    has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
+    imported = prequant.import_for_quantize(model, has_data)
     _prepare(model, cfg)
     records = recovery.recover_float(model, cfg)
     if cfg.extra.smooth_quant:
@@ -354,6 +361,11 @@ def quantize_static(
             "nothing to quantize: no node matched op_types_to_quantize / nodes_to_quantize "
             f"(skipped: {dict(list(plan.skipped.items())[:5])})."
         )
+    if imported is not None and cfg.extra.prequant_requantize:
+        imported.drop_grids()  # --requantize: the dequantized model is calibrated from scratch
+    elif cfg.extra.prequant_requantize:
+        logger.warning("PrequantRequantize: the model is not pre-quantized; the option changes nothing")
+    actions = prequant.pin_for_plan(plan, imported, model, has_data) if imported is not None else {}
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
     fast_ft = cfg.extra.fast_finetune if cfg.extra.include_fast_ft else None
@@ -378,6 +390,7 @@ def quantize_static(
         progress=progress,
     )
     weight_and_bias_params(model, plan, cfg)
+    grid_rows = prequant.grid_changes(plan, imported, model, actions) if imported is not None else None
     counts, opset = write_model(model, plan, cfg)
     refinement = None
     if target is not None:
@@ -400,6 +413,9 @@ def quantize_static(
     result = QuantizeResult(
         proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=records, prepared=float_model
     )
+    if imported is not None:
+        feeds = reader.fill() if reader is not None else []
+        result.prequant = prequant.finish_report(imported, grid_rows, model_input, proto, feeds, calibration_providers)
     if reader is not None and reader.kept and cfg.extra.report_samples:
         from zonnx.quantization.collapse import similarity_warning
         from zonnx.quantization.report import layer_report

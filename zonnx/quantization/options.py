@@ -123,6 +123,8 @@ class ExtraOptions:
     report_samples: int = 4
     # warn when a model output's cosine against float falls below this on those samples (collapse.py)
     warn_below_cosine: float = 0.99
+    # a pre-quantized input: dequantize it and calibrate from scratch instead of importing its grids
+    prequant_requantize: bool = False
     # accuracy recovery (vai_q_onnx / Quark names)
     include_cle: bool = False
     cle_steps: int = 1
@@ -177,6 +179,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "QuantPlacement": ("quant_placement", str),
     "ReportSamples": ("report_samples", int),
     "WarnBelowCosine": ("warn_below_cosine", (int, float)),
+    "PrequantRequantize": ("prequant_requantize", bool),
     "IncludeCLE": ("include_cle", bool),
     "CLESteps": ("cle_steps", int),
     "CLEScaleAppendBias": ("cle_scale_append_bias", bool),

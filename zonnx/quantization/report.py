@@ -267,20 +267,20 @@ def _session(
     keep = len(proto.graph.output)
     have = {o.name for o in proto.graph.output}
     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(extra) if n not in have)
-    try:
-        data = proto.SerializeToString()
-    finally:
-        del proto.graph.output[keep:]
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
+    from zonnx.ir.large import ort_session
+
     try:
-        return ort.InferenceSession(data, opts, providers=list(providers))
+        return ort_session(proto, opts, providers)  # past 2 GiB: weights as OrtValues, no one protobuf
     except Exception as e:  # ORT's exception classes share no public base
         raise VerificationError(
             f"{what}: onnxruntime cannot load it ({str(e).strip().splitlines()[0]})."
         ) from None
+    finally:
+        del proto.graph.output[keep:]
 
 
 def _run(

@@ -1,0 +1,134 @@
+"""Models with external data through every command, with the 2 GiB limit lowered (``ZONNX_PROTO_LIMIT``)
+so a 1.5 MB MatMul chain takes the paths a model past 2 GiB takes; the real >2 GiB run is
+``python -m bench.runner large_model``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import zonnx
+from tests.helpers import assert_one_line_error, run_cli
+from zonnx.ir.io import load_proto
+from zonnx.ir.large import is_large, model_digest, ort_session
+
+D, LAYERS = 256, 6
+
+
+def chain(path: Path, d: int = D, layers: int = LAYERS) -> Path:
+    """MatMul -> Relu chain with d x d float weights, saved with external data beside ``path``."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        inits.append(
+            numpy_helper.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), f"w{i}")
+        )
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"]),
+            helper.make_node("Relu", [f"h{i}"], [f"r{i}"]),
+        ]
+        x = f"r{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, d])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, d])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, location=path.name + ".data", size_threshold=1024
+    )
+    return path
+
+
+@pytest.fixture
+def small_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZONNX_PROTO_LIMIT", "100000")  # 100 kB: the chain (1.5 MB) counts as large
+
+
+def test_ort_session_and_digest_without_one_protobuf(tmp_path: Path, small_limit: None) -> None:
+    src = chain(tmp_path / "m.onnx")
+    proto = load_proto(src)
+    assert is_large(proto)
+    x = np.random.default_rng(1).standard_normal((1, D)).astype(np.float32)
+    want = ort.InferenceSession(str(src)).run(None, {"x": x})[0]
+    got = ort_session(proto).run(None, {"x": x})[0]
+    assert np.array_equal(want, got)
+    d_path, d_proto = model_digest(src), model_digest(proto)
+    data = tmp_path / "m.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 1
+    data.write_bytes(bytes(raw))
+    assert model_digest(src) != d_path  # the digest of a path covers its external data
+    assert model_digest(load_proto(src)) != d_proto
+
+
+def test_every_command_keeps_external_data(tmp_path: Path, small_limit: None) -> None:
+    src = chain(tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).standard_normal((8, D)).astype(np.float32))
+    assert run_cli("inspect", str(src), check=True).returncode == 0
+    run_cli("optimize", str(src), str(tmp_path / "o.onnx"), "--verify", check=True)
+    q = tmp_path / "q.onnx"
+    run_cli("quantize", str(tmp_path / "o.onnx"), str(q), "--calib", str(tmp_path / "calib.npz"),
+            "--target", "bm1684x", check=True)  # fmt: skip
+    for name in ("o.onnx", "q.onnx"):  # weights stay beside the model, not inside it
+        assert (tmp_path / f"{name}.data").stat().st_size > (tmp_path / name).stat().st_size
+    run_cli("compile", str(q), "--target", "bm1684x", "-o", str(tmp_path / "c.onnx"), check=True)
+    x = np.random.default_rng(2).standard_normal((1, D)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    run_cli(
+        "run",
+        str(tmp_path / "c.onnx"),
+        "--inputs",
+        str(tmp_path / "in.npz"),
+        "-o",
+        str(tmp_path / "out.npz"),
+        check=True,
+    )
+    npu = next(iter(np.load(tmp_path / "out.npz").values()))
+    ref = ort.InferenceSession(str(q)).run(None, {"x": x})[0]
+    cos = float((npu * ref).sum() / np.linalg.norm(npu) / np.linalg.norm(ref))
+    assert cos > 0.999, cos
+
+
+def test_quantize_static_api_writes_external_data(tmp_path: Path, small_limit: None) -> None:
+    from zonnx.quantization.calibration.readers import ListReader
+
+    src = chain(tmp_path / "m.onnx")
+    feeds = [{"x": np.random.default_rng(i).standard_normal((1, D)).astype(np.float32)} for i in range(4)]
+    res = zonnx.quantize_static(src, tmp_path / "q.onnx", ListReader(feeds), per_channel=True)
+    assert (tmp_path / "q.onnx.data").is_file() and res.report is not None  # the per-layer report ran too
+    m = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
+    assert any(t.data_location == TensorProto.EXTERNAL for t in m.graph.initializer)
+
+
+def test_npu_cache_key_covers_external_data(tmp_path: Path, small_limit: None) -> None:
+    from zonnx.build_npu import target_quantize_kwargs
+    from zonnx.quantization.calibration.readers import ListReader
+
+    src = chain(tmp_path / "m.onnx")
+    feeds = [{"x": np.random.default_rng(i).standard_normal((1, D)).astype(np.float32)} for i in range(4)]
+    q = tmp_path / "q.onnx"
+    zonnx.quantize_static(src, q, ListReader(feeds), **target_quantize_kwargs("bm1684x"))
+
+    def session() -> zonnx.InferenceSession:
+        return zonnx.InferenceSession(str(q), providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
+                                      provider_options=[{"target": "bm1684x", "cache_dir": str(tmp_path / "cache")}, {}])  # fmt: skip
+
+    assert not session().from_cache and session().from_cache
+    data = tmp_path / "q.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 1  # one weight code changes; the .onnx file does not
+    data.write_bytes(bytes(raw))
+    assert not session().from_cache
+
+
+def test_truncated_external_data_is_one_line(tmp_path: Path) -> None:
+    src = chain(tmp_path / "m.onnx")
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(data.read_bytes()[:1000])
+    proc = run_cli("optimize", str(src), str(tmp_path / "o.onnx"))
+    assert_one_line_error(proc, "m.onnx.data is truncated", "'w0'")
+    assert not (tmp_path / "o.onnx").exists()

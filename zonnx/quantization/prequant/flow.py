@@ -1,0 +1,100 @@
+"""The steps ``quantize_static`` runs for a pre-quantized input: import, pin ranges, report.
+
+1. ``import_for_quantize``: the model becomes float weights + grids (``importer``); dynamic models need
+   calibration data (their activation ranges change per run), refused in one line without it. Dynamic
+   imports then fold their float bias Adds into Conv/Gemm (``fold-conv-affine``, ``canonicalize-gemm``).
+2. ``pin_for_plan``: after annotation, planned activations take the imported ranges (``retarget``); a
+   tensor that has none needs calibration data, else one line names it.
+3. ``finish_report``: the per-tensor changes and, with calibration samples, the retargeted model's outputs
+   against the source model's.
+"""
+
+from __future__ import annotations
+
+__all__ = ["import_for_quantize", "pin_for_plan", "finish_report", "grid_changes"]
+
+import logging
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from zonnx.errors import OptionError
+from zonnx.quantization.plan import QuantPlan
+from zonnx.quantization.prequant.importer import ImportedModel, import_prequantized
+from zonnx.quantization.prequant.retarget import (
+    GridChange,
+    RetargetReport,
+    compare_outputs,
+    grid_changes,
+    pin_ranges,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def import_for_quantize(model: ir.Model, has_data: bool) -> ImportedModel | None:
+    """Import a pre-quantized model in place (None for a float model); dynamic ones need data."""
+    from zonnx.quantization.prequant.detect import quantized_form
+
+    form = quantized_form(model)
+    if form == "dynamic" and not has_data:
+        raise OptionError(
+            "this model is dynamically quantized (DynamicQuantizeLinear): it carries no activation ranges; "
+            "give calibration data (--calib / a calibration_data_reader) to fix them for the target."
+        )
+    imported = import_prequantized(model)
+    if imported is not None and imported.dynamic:
+        from zonnx.passes.catalog import make_pass
+
+        for name in ("shape-inference", "constant-folding", "fold-conv-affine", "canonicalize-gemm"):
+            make_pass(name)(model)
+        _follow_renamed_weights(model, imported)
+    if imported is not None:
+        logger.warning(
+            "input is a pre-quantized %s model: its grids are imported and re-expressed in this run's scheme "
+            "(no second layer of quantizers is added)",
+            imported.form,
+        )
+    return imported
+
+
+def _follow_renamed_weights(model: ir.Model, imported: ImportedModel) -> None:
+    """Folding passes write a weight under a derived name (``W_affine``); its source grid follows it (the
+    report then measures the target's codes against the weight as folded)."""
+    inits = model.graph.initializers
+    for old in [n for n in imported.weights if n not in inits]:
+        grid = imported.weights.pop(old)
+        new = next((n for n in inits if n.startswith(old) and n not in imported.weights), None)
+        if new is not None:
+            imported.weights[new] = grid
+
+
+def pin_for_plan(plan: QuantPlan, imported: ImportedModel, model: ir.Model, has_data: bool) -> dict[str, str]:
+    """Pin imported ranges on the plan; without data every planned activation must have one."""
+    actions = pin_ranges(plan, imported, model)
+    missing = [n for n, a in actions.items() if a == "calibrated"]
+    if missing and not has_data:
+        raise OptionError(
+            f"{len(missing)} quantized tensor(s) have no range in the pre-quantized model, e.g. {missing[0]!r}; "
+            "give calibration data (--calib) to calibrate them."
+        )
+    return actions
+
+
+def finish_report(
+    imported: ImportedModel,
+    rows: list[GridChange],
+    source: Any,
+    result: onnx.ModelProto,
+    feeds: list[dict[str, Any]],
+    providers: Any = None,
+) -> RetargetReport:
+    """The retargeting report; outputs compared with the source model when ``feeds`` are given."""
+    report = RetargetReport(imported.form, rows, notes=list(imported.notes))
+    if feeds:
+        src = source if isinstance(source, onnx.ModelProto) else str(source)
+        report.outputs = compare_outputs(src, result, feeds, providers)
+        report.checked = True
+    logger.warning("%s", report.summary())
+    return report
