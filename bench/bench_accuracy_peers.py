@@ -72,7 +72,7 @@ class ModelCase:
 # ---- e.g. the BERT-style encoder with an attention mask:  ModelCase("<zoo name>", "cosine", 64, 256, 32, 64),
 MODELS: list[ModelCase] = [
     ModelCase("ppocr_rec", "rec", calib=48, test=300, quick_calib=48, quick_test=100),
-    ModelCase("transformer", "cosine", calib=64, test=256, quick_calib=32, quick_test=64),
+    ModelCase("transformer-random", "cosine", calib=64, test=256, quick_calib=32, quick_test=64),
 ]
 
 

@@ -20,9 +20,9 @@ from zonnx.quantization.calibration.readers import ListReader
 def bench_calib_plan(ctx: BenchContext) -> list[Measurement]:
     """Ratios calibration / float sweep for MinMax (target 1.3) and Percentile (target 1.6)."""
     n = 8 if ctx.quick else 32
-    feeds = zoo.sample_inputs("resnet18", n, seed=1)
+    feeds = zoo.sample_inputs("resnet18-random", n, seed=1)
     cfg = build_config()
-    model = to_ir(zoo.get("resnet18"))
+    model = to_ir(zoo.get("resnet18-random"))
     _prepare(model, cfg)
     plan = annotate(model, _annotate_config(model, cfg))
     proto = to_proto(model)

@@ -54,7 +54,7 @@ def prepare_model(folder: Path) -> Path:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         opts.optimized_model_filepath = str(out)
         opts.log_severity_level = 3
-        ort.InferenceSession(str(zoo.get("resnet18")), opts, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(zoo.get("resnet18-random")), opts, providers=["CPUExecutionProvider"])
     return out
 
 
@@ -149,7 +149,7 @@ def bench_calibration(
     with tempfile.TemporaryDirectory() as tmp:
         path = prepare_model(Path(tmp))
         names = tensor_names(path)
-        feeds = zoo.sample_inputs("resnet18", n)
+        feeds = zoo.sample_inputs("resnet18-random", n)
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         for f in feeds[:2]:
             sess.run(None, f)

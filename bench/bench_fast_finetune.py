@@ -57,10 +57,10 @@ def held_out_sqnr(model: onnx.ModelProto, float_outputs: list[np.ndarray], feeds
 
 
 def bench_fast_finetune(ctx: BenchContext) -> list[Measurement]:
-    src = zoo.get("resnet18")
+    src = zoo.get("resnet18-random")
     n_calib = QUICK_CALIB if ctx.quick else CALIB
-    calib = zoo.sample_inputs("resnet18", n_calib)
-    held_out = zoo.sample_inputs("resnet18", HELD_OUT, seed=1000)
+    calib = zoo.sample_inputs("resnet18-random", n_calib)
+    held_out = zoo.sample_inputs("resnet18-random", HELD_OUT, seed=1000)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     float_sess = ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])

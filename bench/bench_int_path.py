@@ -136,7 +136,7 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
         if ctx.quick
         else [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("qdq", "dpu-b4096")]
     )
-    x = zoo.sample_inputs("resnet18", 1)[0]["input"]
+    x = zoo.sample_inputs("resnet18-random", 1)[0]["input"]
     out = []
     with tempfile.TemporaryDirectory(prefix="zonnx-int-path-") as d:
         tmp = Path(d)

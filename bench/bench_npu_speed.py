@@ -50,8 +50,8 @@ def _quantize(src: Path, dst: Path, feeds: list[dict], fmt: str, target: str) ->
 
 def build_programs(tmp: Path, cases: list[tuple[str, str]], n_calib: int = 4) -> dict:
     """{(fmt, target): (quantized path, Program)} for the ResNet-18 zoo model."""
-    src = zoo.get("resnet18")
-    calib = zoo.sample_inputs("resnet18", n_calib, seed=1)
+    src = zoo.get("resnet18-random")
+    calib = zoo.sample_inputs("resnet18-random", n_calib, seed=1)
     out = {}
     for fmt, target in cases:
         path = _quantize(src, tmp / f"{fmt}_{target}.onnx", calib, fmt, target)
@@ -72,9 +72,9 @@ def _fastest_ort_int8(tmp: Path) -> Path:
     dst = tmp / "u8s8.onnx"
     if not dst.exists():
         zonnx.quantize_static(
-            str(zoo.get("resnet18")),
+            str(zoo.get("resnet18-random")),
             str(dst),
-            ListReader(zoo.sample_inputs("resnet18", 4, seed=1)),
+            ListReader(zoo.sample_inputs("resnet18-random", 4, seed=1)),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,  # ORT's default is s8s8, which it runs 2-3x slower here
@@ -115,7 +115,7 @@ def _creation(target: str, qpath: Path, tmp: Path) -> list[Measurement]:
 
 
 def _measure(ctx: BenchContext, target: str, qpath: Path, program: Program, tmp: Path) -> list[Measurement]:
-    x = zoo.sample_inputs("resnet18", 1)[0]["input"]
+    x = zoo.sample_inputs("resnet18-random", 1)[0]["input"]
     prog_path = tmp / f"npu_{target}.onnx"
     onnx.save(program_to_model(program, name="npu"), prog_path)
     bare = session(prog_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)

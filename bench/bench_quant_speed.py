@@ -22,9 +22,9 @@ from zonnx.quantization.calibration.readers import ListReader
 def bench_quant_speed(ctx: BenchContext) -> list[Measurement]:
     """Images/s of the int8 ResNet-18 vs float (target 2.5x) and vs ORT's quantized model (target ~1x)."""
     n = 4 if ctx.quick else 16
-    src = zoo.get("resnet18")
-    feeds = zoo.sample_inputs("resnet18", n)
-    calib = zoo.sample_inputs("resnet18", 8 if ctx.quick else 32, seed=1)
+    src = zoo.get("resnet18-random")
+    feeds = zoo.sample_inputs("resnet18-random", n)
+    calib = zoo.sample_inputs("resnet18-random", 8 if ctx.quick else 32, seed=1)
     args = dict(per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     with tempfile.TemporaryDirectory(prefix="zonnx-bench-") as d:
         tmp = Path(d)

@@ -14,8 +14,8 @@ from zonnx import zoo
 
 logger = logging.getLogger(__name__)
 
-MODELS = ["digits_cnn", "resnet18", "mobilenetv2"]
-QUICK_MODELS = ["digits_cnn", "mobilenetv2"]
+MODELS = ["digits_cnn", "resnet18-random", "mobilenetv2-random"]
+QUICK_MODELS = ["digits_cnn", "mobilenetv2-random"]
 #: Inputs per timed sweep (batch 1 each); the figure is images per second over the sweep.
 SWEEP = 8
 QUICK_SWEEP = 2

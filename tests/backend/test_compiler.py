@@ -65,8 +65,8 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def resnet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("resnet")
-    feeds = zoo.sample_inputs("resnet18", 4)
-    src = zoo.get("resnet18")
+    feeds = zoo.sample_inputs("resnet18-random", 4)
+    src = zoo.get("resnet18-random")
     return {
         "qdq": _quantize(src, d / "qdq.onnx", feeds, "qdq"),
         "fix": _quantize(src, d / "fix.onnx", feeds, "fix"),
