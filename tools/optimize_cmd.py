@@ -41,7 +41,9 @@ def optimize(
     input_shape: list[str] = typer.Option(
         None, "--input-shape", help="Concrete input shape for --verify, e.g. x:1,3,224,224."
     ),
-    inputs: Path = typer.Option(None, "--inputs", help="Real inputs for --verify: .npz, one array per input."),
+    inputs: Path = typer.Option(
+        None, "--inputs", help="Real inputs for --verify: .npz, one array per input."
+    ),
     fixed_point: bool = typer.Option(
         True, "--fixed-point/--single-round", help="Repeat until nothing changes."
     ),
@@ -61,6 +63,9 @@ def optimize(
         if not inplace:
             raise OptionError("give an output path (zonnx optimize IN.onnx OUT.onnx) or --inplace.")
         output = model
+    if not verify and (input_shape or inputs):
+        given = " and ".join(k for k, v in (("--input-shape", input_shape), ("--inputs", inputs)) if v)
+        raise OptionError(f"{given} only feed --verify's checks and do nothing without it: add --verify.")
     refuse_overwrites({"--inputs": inputs}, {"OUTPUT": output})  # IN == OUT is --inplace's business
     options = OptimizeOptions(
         target_opset=opset,

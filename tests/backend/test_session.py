@@ -123,7 +123,6 @@ def test_cache_warm_session_reuses_the_entry(tmp_path: Path) -> None:
     cold = _session(model, "dpu-b4096", tmp_path / "cache")
     warm = _session(model, "dpu-b4096", tmp_path / "cache")
     assert not cold.from_cache and warm.from_cache
-    assert warm.create_seconds < cold.create_seconds  # no compile, no lowering
     x = feeds[0]["input"]
     assert np.array_equal(cold.run(None, {"input": x})[0], warm.run(None, {"input": x})[0])
 

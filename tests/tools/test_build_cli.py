@@ -96,3 +96,8 @@ def test_failed_build_leaves_no_folder_and_hints_real_flags(tmp_path: Path) -> N
         run_cli("build", str(zoo.get("digits_cnn")), "-o", str(kept), "--no-verify"), "--calib"
     )
     assert [p.name for p in kept.iterdir()] == ["mine.txt"]
+
+
+def test_old_zoo_name_gives_the_new_one(tmp_path: Path) -> None:
+    proc = run_cli("build", "resnet18", "-o", str(tmp_path / "out"), "--no-deploy")
+    assert_one_line_error(proc, "zoo model 'resnet18' is now 'resnet18-random'")

@@ -92,3 +92,13 @@ def test_version_and_help() -> None:
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+@pytest.mark.parametrize("flag", [["--input-shape", "x:1,3,48,192"], ["--inputs", "in.npz"]])
+def test_verify_inputs_without_verify_are_refused(tmp_path: Path, cls_model: Path, flag: list[str]) -> None:
+    out = tmp_path / "o.onnx"
+    proc = run_cli("optimize", str(cls_model), str(out), *flag)
+    assert_one_line_error(
+        proc, f"{flag[0]} only feed --verify's checks and do nothing without it: add --verify."
+    )
+    assert not out.exists()
