@@ -11,16 +11,13 @@ from __future__ import annotations
 __all__ = ["Setup", "host_cpu", "versions", "model_line", "host_lines", "setup_lines"]
 
 import dataclasses
-import functools
 import importlib.metadata
 import os
-import platform
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 from zonnx import zoo
-from zonnx.hostcpu import host_int
+from zonnx.hostcpu import cpu_name, host_int
 
 _PACKAGES = ("zonnx", "onnx", "onnxruntime", "onnx-ir", "numpy", "torch")
 
@@ -35,19 +32,10 @@ class Setup:
     note: str = ""
 
 
-@functools.cache
 def host_cpu() -> str:
     """The CPU's model name (/proc/cpuinfo, else platform) and the cores this process may use."""
-    name = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name or platform.processor() or platform.machine()}, {cores} cores"
+    return f"{cpu_name()}, {cores} cores"
 
 
 def versions() -> dict[str, str]:
