@@ -172,6 +172,12 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
 def bench_int_path(ctx: BenchContext) -> list[Measurement]:
     """u8 x u8 (exact on every CPU) vs u8 x s8 (saturating without VNNI): layers and ResNet-18 programs."""
     host = host_int()
+    ctx.describe(
+        ["resnet18-random", "single layers with random integer codes"],
+        {"calibration": 4, "timed image (batch 1)": 1, "targets": 1 if ctx.quick else 3},
+        {"calibration": 1, "timed image": 0, "layer codes": 0},
+        "each u8 x u8 form timed in the same rounds as its u8 x s8 peer",
+    )
     note = f"host {host.isa}, zonnx uses {host.path} here"
     target = _TARGET if host.path == "u8u8" else None  # the cost is only paid where u8 x u8 is used
     return _layer_lines(ctx, note, target) + _model_lines(ctx, note, target)
