@@ -304,6 +304,15 @@ def bench_accuracy_peers(ctx: BenchContext) -> list[Measurement]:
         f"evaluation: onnxruntime {ort.__version__} CPU, ORT_ENABLE_BASIC (QDQ as float fake-quant, no "
         "integer kernels, so host VNNI does not matter); peers get the model after zonnx's own preparation"
     )
+    ctx.describe(
+        [case.zoo_name for case in MODELS],
+        {
+            f"{c.zoo_name} {role}": getattr(c, f"quick_{role}" if ctx.quick else role)
+            for c in MODELS
+            for role in ("calib", "test")
+        },
+        {"rec lines": 11, "calibration": 1, "test": 2},
+    )
     peer_python, skipped = _peer_python_factory()
     out: list[Measurement] = []
     with tempfile.TemporaryDirectory(prefix="zonnx-peers-") as d:

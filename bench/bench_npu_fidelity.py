@@ -333,6 +333,7 @@ def bench_npu_fidelity(ctx: BenchContext) -> list[Measurement]:
     """NPU vs QDQ output differences (LSB), cosine vs float and NPU MAC share per zoo model and target."""
     models = ["digits_cnn", "mobilenetv2-random"] if ctx.quick else MODELS
     n_eval = 1 if ctx.quick else 2
+    ctx.describe(models, {"evaluated inputs per model": n_eval}, {"inputs": 0, "rec lines": 11})
     results: list[Measurement] = []
     with tempfile.TemporaryDirectory(prefix="zonnx-npu-fidelity-") as d:
         folder = Path(d)

@@ -95,6 +95,9 @@ _STEPS: list[tuple[str, bool, bool, dict]] = [
 
 def bench_recovery(ctx: BenchContext) -> list[Measurement]:
     n = 4 if ctx.quick else 8
+    ctx.describe(
+        ["mobilenetv2-random"], {"calibration": n, "held out": n}, {"images": 0}, "SQNR, not accuracy"
+    )
     feeds = zoo.sample_inputs("mobilenetv2-random", 2 * n)
     calib, held = feeds[:n], feeds[n:]
     original = onnx.load(str(zoo.get("mobilenetv2-random")))
