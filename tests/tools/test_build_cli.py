@@ -99,5 +99,5 @@ def test_failed_build_leaves_no_folder_and_hints_real_flags(tmp_path: Path) -> N
 
 
 def test_old_zoo_name_gives_the_new_one(tmp_path: Path) -> None:
-    proc = run_cli("build", "resnet18", "-o", str(tmp_path / "out"), "--no-deploy")
-    assert_one_line_error(proc, "zoo model 'resnet18' is now 'resnet18-random'")
+    proc = run_cli("build", "resnet18", "-o", str(tmp_path / "out"), "--no-deploy")  # old name
+    assert_one_line_error(proc, "zoo model 'resnet18' is now 'resnet18-random'")  # old name
