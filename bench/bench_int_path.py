@@ -164,7 +164,7 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
                 lambda s=sessions["u8s8"], f=feed: s.run(None, f),
             )
             exact_note = f"{note}; u8 x s8 exact here: {'yes' if exact['u8s8'] else 'NO'}"
-            name = f"resnet18 NPU program, {tname}: u8 x u8 vs u8 x s8"
+            name = f"resnet18-random NPU program, {tname}: u8 x u8 vs u8 x s8"
             out.append(_line(name, (t_ours, t_peer), "images/s", "u8 x s8 lowering", target, exact_note))
     return out
 
