@@ -114,8 +114,13 @@ def prepare_source(model: Any) -> tuple[onnx.ModelProto, bytes]:
             proto = copy
     try:  # shapes for the programs (the lowering reads them); best effort
         proto = onnx.shape_inference.infer_shapes(proto)
-    except Exception as e:  # onnx raises several types on unusual models
-        logger.info("shape inference skipped: %s", e)
+    except Exception as e:  # onnx raises several types on unusual models; say what it costs
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        logger.warning(
+            "compile: onnx shape inference failed (%s); the partitioner and lowering see only the "
+            "model's own shape annotations, so layers of unknown shape may stay on the CPU",
+            first,
+        )
     keys = node_keys(ir.serde.deserialize_graph(proto.graph))
     for node, key in zip(proto.graph.node, keys.values(), strict=True):
         node.name = key

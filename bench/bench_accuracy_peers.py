@@ -72,7 +72,7 @@ class ModelCase:
 # ---- e.g. the BERT-style encoder with an attention mask:  ModelCase("<zoo name>", "cosine", 64, 256, 32, 64),
 MODELS: list[ModelCase] = [
     ModelCase("ppocr_rec", "rec", calib=48, test=300, quick_calib=48, quick_test=100),
-    ModelCase("transformer", "cosine", calib=64, test=256, quick_calib=32, quick_test=64),
+    ModelCase("transformer-random", "cosine", calib=64, test=256, quick_calib=32, quick_test=64),
 ]
 
 
@@ -303,6 +303,15 @@ def bench_accuracy_peers(ctx: BenchContext) -> list[Measurement]:
     print(
         f"evaluation: onnxruntime {ort.__version__} CPU, ORT_ENABLE_BASIC (QDQ as float fake-quant, no "
         "integer kernels, so host VNNI does not matter); peers get the model after zonnx's own preparation"
+    )
+    ctx.describe(
+        [case.zoo_name for case in MODELS],
+        {
+            f"{c.zoo_name} {role}": getattr(c, f"quick_{role}" if ctx.quick else role)
+            for c in MODELS
+            for role in ("calib", "test")
+        },
+        {"rec lines": 11, "calibration": 1, "test": 2},
     )
     peer_python, skipped = _peer_python_factory()
     out: list[Measurement] = []

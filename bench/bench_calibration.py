@@ -9,6 +9,10 @@ one run per sample). Runs alternate (float, ours, ORT, ...) and the best of ``re
 keeps the ratios steady on a busy machine. Peak RSS is measured in a fresh process per run, with a
 reader that makes each image when asked so the data set itself takes no memory.
 
+Histogram methods (Percentile, Entropy) run twice for zonnx: with its default strided sample of about
+16384 values per tensor and batch (``CalibHistogramSample``, "sampled") and counting every value as ORT
+does (``CalibHistogramSample=None``, "full", equal work); both against ORT in the same rounds.
+
 Run ``python -m bench.bench_calibration [--quick]`` or through ``python -m bench.runner calibration``.
 """
 
@@ -29,9 +33,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from bench.header import host_lines, setup_lines
 from bench.runner import LOWER, BenchContext, Measurement, peak_rss
 from zonnx import zoo
-from zonnx.quantization.calibration.collector import collect
+from zonnx.quantization.calibration.collector import DEFAULT_HIST_SAMPLE, collect
 from zonnx.quantization.calibration.methods import compute_range
 from zonnx.quantization.calibration.readers import ListReader
 
@@ -44,6 +49,7 @@ TARGETS = {"minmax": 1.3, "percentile": 1.6}
 #: Peak RSS with BIG samples / with SAMPLES samples.
 MEMORY_TARGET = 1.2
 _ORT_METHOD = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
+_HISTOGRAM = ("percentile", "entropy")
 
 
 def prepare_model(folder: Path) -> Path:
@@ -54,7 +60,7 @@ def prepare_model(folder: Path) -> Path:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         opts.optimized_model_filepath = str(out)
         opts.log_severity_level = 3
-        ort.InferenceSession(str(zoo.get("resnet18")), opts, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(zoo.get("resnet18-random")), opts, providers=["CPUExecutionProvider"])
     return out
 
 
@@ -86,9 +92,11 @@ class LazyImages:
         return {"input": smooth_images(1, seed=self.i)}
 
 
-def ours(path: Path, names: list[str], reader: object, method: str) -> dict[str, tuple[float, float]]:
+def ours(
+    path: Path, names: list[str], reader: object, method: str, hist_sample: int | None = DEFAULT_HIST_SAMPLE
+) -> dict[str, tuple[float, float]]:
     model = onnx.load(str(path))
-    stats = collect(model, names, reader, methods_needed={method})
+    stats = collect(model, names, reader, methods_needed={method}, hist_sample=hist_sample)
     return {t: compute_range(s, method) for t, s in stats.items()}
 
 
@@ -145,34 +153,54 @@ def bench_calibration(
     logging.getLogger("root").setLevel(logging.ERROR)
     n = 8 if ctx.quick else SAMPLES
     repeat = 1 if ctx.quick else max(2, min(ctx.repeat, 3))
+    ctx.describe(
+        ["resnet18-random"],
+        {"calibration": n, "timing rounds (best kept)": repeat},
+        {"calibration": 0},
+        "BN folded by ORT basic optimization; the tensors ORT's calibrator picks, for both tools",
+    )
     out: list[Measurement] = []
     with tempfile.TemporaryDirectory() as tmp:
         path = prepare_model(Path(tmp))
         names = tensor_names(path)
-        feeds = zoo.sample_inputs("resnet18", n)
+        feeds = zoo.sample_inputs("resnet18-random", n)
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         for f in feeds[:2]:
             sess.run(None, f)
         fns: dict[str, Callable[[], object]] = {"float": lambda: [sess.run(None, f) for f in feeds]}
+        variants = [(m, "", DEFAULT_HIST_SAMPLE) for m in methods]
+        variants += [(m, " full", None) for m in methods if m in _HISTOGRAM]
+        for m, label, sample in variants:
+            fns[f"ours {m}{label}"] = lambda m=m, sample=sample: ours(
+                path, names, ListReader(feeds), m, sample
+            )
         for m in methods:
-            fns[f"ours {m}"] = lambda m=m: ours(path, names, ListReader(feeds), m)
             fns[f"ort {m}"] = lambda m=m: peer(path, ListReader(feeds), m, tmp)
         best = _best_times(fns, repeat)
         fw, fc = best["float"]
-        for m in methods:
-            (ow, oc), (pw, pc) = best[f"ours {m}"], best[f"ort {m}"]
+        out.append(Measurement("float sweep (ORT default session)", fw, "s", LOWER, note=f"{n} samples"))
+        for m, label, _ in variants:
+            (ow, oc), (pw, pc) = best[f"ours {m}{label}"], best[f"ort {m}"]
+            kind = {
+                "": " (sampled)" if m in _HISTOGRAM else "",
+                " full": " (full: CalibHistogramSample None)",
+            }
             note = (
-                f"{len(names)} tensors, {n} samples; float sweep {fw:.3f}s; ORT {pw / fw:.2f}x; "
-                f"cpu time ratio ours {oc / fc:.2f}x, ORT {pc / fc:.2f}x"
+                f"{len(names)} tensors, {n} samples; cpu time ratio ours {oc / fc:.2f}x, ORT {pc / fc:.2f}x"
             )
             out.append(
                 Measurement(
-                    f"calibration {m} / float sweep", ow / fw, "x", LOWER, target=TARGETS.get(m), note=note
+                    f"calibration {m}{kind[label]} / float sweep",
+                    ow / fw,
+                    "x",
+                    LOWER,
+                    target=None if label else TARGETS.get(m),
+                    note=note,
                 )
             )
             out.append(
                 Measurement(
-                    f"calibration {m} time",
+                    f"calibration {m}{kind[label]} time",
                     ow,
                     "s",
                     LOWER,
@@ -214,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ctx = BenchContext(repeat=args.repeat, quick=args.quick)
     rows = bench_calibration(ctx, methods=tuple(args.methods.split(",")), memory=not args.no_memory)
+    for line in [*host_lines(), *setup_lines("calibration", ctx.described[-1] if ctx.described else None)]:
+        print(line)
     for r in rows:
         peer_txt = (
             f"  peer {r.peer_value:.3f}{r.unit} ratio {r.ratio:.2f}" if r.peer_value is not None else ""

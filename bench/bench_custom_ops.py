@@ -129,6 +129,7 @@ def bench_custom_ops(ctx) -> list:  # noqa: ANN001 (BenchContext, imported lazil
     """bench.runner entry: ms per 20-op chain, ours (FixNeuron functions) against ORT's QDQ (peer)."""
     from bench.runner import LOWER, Measurement
 
+    ctx.describe([f"a chain of {CHAIN} ops on a 1x64x56x56 tensor"], {"input tensors": 1}, {"input": 0})
     figures = run(quick=ctx.quick, repeat=ctx.repeat, warmup=ctx.warmup)
     return [
         Measurement(
@@ -150,6 +151,9 @@ def bench_custom_ops(ctx) -> list:  # noqa: ANN001 (BenchContext, imported lazil
 def main() -> None:
     quick = "--quick" in sys.argv[1:]
     figures = run(quick=quick)
+    from bench.header import host_lines
+
+    print("\n".join(host_lines()))
     print(f"chain of {CHAIN} ops on {'x'.join(map(str, SHAPE))} float32, ORT {ort.__version__}")
     for mode in ("half_even", "half_up"):
         ours, peer = figures[f"fixneuron_{mode}_ms"], figures[f"qdq_vs_{mode}_ms"]

@@ -57,10 +57,16 @@ def held_out_sqnr(model: onnx.ModelProto, float_outputs: list[np.ndarray], feeds
 
 
 def bench_fast_finetune(ctx: BenchContext) -> list[Measurement]:
-    src = zoo.get("resnet18")
+    src = zoo.get("resnet18-random")
     n_calib = QUICK_CALIB if ctx.quick else CALIB
-    calib = zoo.sample_inputs("resnet18", n_calib)
-    held_out = zoo.sample_inputs("resnet18", HELD_OUT, seed=1000)
+    ctx.describe(
+        ["resnet18-random"],
+        {"calibration": n_calib, "held out": HELD_OUT},
+        {"calibration": 0, "held out": 1000},
+        "SQNR against float on an untrained network, not accuracy",
+    )
+    calib = zoo.sample_inputs("resnet18-random", n_calib)
+    held_out = zoo.sample_inputs("resnet18-random", HELD_OUT, seed=1000)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     float_sess = ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
@@ -116,7 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="8 calibration images, 10 steps per layer")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for m in bench_fast_finetune(BenchContext(quick=args.quick)):
+    ctx = BenchContext(quick=args.quick)
+    results = bench_fast_finetune(ctx)
+    from bench.header import host_lines, setup_lines
+
+    print("\n".join([*host_lines(), *setup_lines("fast_finetune", ctx.described[-1])]))
+    for m in results:
         ratio = f" (x{m.ratio:.3f} vs {m.peer} {m.peer_value:.2f})" if m.peer_value is not None else ""
         print(f"{m.name}: {m.value:.2f} {m.unit}{ratio}; {m.note}")
 

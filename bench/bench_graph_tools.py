@@ -21,6 +21,7 @@ QUICK = ["digits_cnn", "ppocr_cls"]
 def bench_graph_tools(ctx: BenchContext) -> list[Measurement]:
     """Seconds per call for inspect and optimize on each zoo model (lower is better; no target)."""
     out = []
+    ctx.describe(QUICK if ctx.quick else zoo.names(), {}, {}, "graph tools: no input data")
     for name in QUICK if ctx.quick else zoo.names():
         path = zoo.get(name)
         t_inspect, t_infer = ctx.time_pair(

@@ -136,7 +136,7 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
         if ctx.quick
         else [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("qdq", "dpu-b4096")]
     )
-    x = zoo.sample_inputs("resnet18", 1)[0]["input"]
+    x = zoo.sample_inputs("resnet18-random", 1)[0]["input"]
     out = []
     with tempfile.TemporaryDirectory(prefix="zonnx-int-path-") as d:
         tmp = Path(d)
@@ -164,7 +164,7 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
                 lambda s=sessions["u8s8"], f=feed: s.run(None, f),
             )
             exact_note = f"{note}; u8 x s8 exact here: {'yes' if exact['u8s8'] else 'NO'}"
-            name = f"resnet18 NPU program, {tname}: u8 x u8 vs u8 x s8"
+            name = f"resnet18-random NPU program, {tname}: u8 x u8 vs u8 x s8"
             out.append(_line(name, (t_ours, t_peer), "images/s", "u8 x s8 lowering", target, exact_note))
     return out
 
@@ -172,6 +172,12 @@ def _model_lines(ctx: BenchContext, note: str, target: float | None) -> list[Mea
 def bench_int_path(ctx: BenchContext) -> list[Measurement]:
     """u8 x u8 (exact on every CPU) vs u8 x s8 (saturating without VNNI): layers and ResNet-18 programs."""
     host = host_int()
+    ctx.describe(
+        ["resnet18-random", "single layers with random integer codes"],
+        {"calibration": 4, "timed image (batch 1)": 1, "targets": 1 if ctx.quick else 3},
+        {"calibration": 1, "timed image": 0, "layer codes": 0},
+        "each u8 x u8 form timed in the same rounds as its u8 x s8 peer",
+    )
     note = f"host {host.isa}, zonnx uses {host.path} here"
     target = _TARGET if host.path == "u8u8" else None  # the cost is only paid where u8 x u8 is used
     return _layer_lines(ctx, note, target) + _model_lines(ctx, note, target)

@@ -1,5 +1,8 @@
 """Speed of zonnx's quantized ResNet-18 (QDQ int8 per-channel) in plain ORT against the float model, and
-against ORT's own quantizer's output of the same model (same arguments, same calibration data)."""
+against ORT's own quantizer's output of the same model (same arguments, same calibration data).
+
+The three sessions are timed in the same rounds (zonnx, float, ORT-quantized, zonnx, ...), so both ratios
+share one zonnx figure and follow from the printed numbers."""
 
 from __future__ import annotations
 
@@ -22,9 +25,16 @@ from zonnx.quantization.calibration.readers import ListReader
 def bench_quant_speed(ctx: BenchContext) -> list[Measurement]:
     """Images/s of the int8 ResNet-18 vs float (target 2.5x) and vs ORT's quantized model (target ~1x)."""
     n = 4 if ctx.quick else 16
-    src = zoo.get("resnet18")
-    feeds = zoo.sample_inputs("resnet18", n)
-    calib = zoo.sample_inputs("resnet18", 8 if ctx.quick else 32, seed=1)
+    n_calib = 8 if ctx.quick else 32
+    ctx.describe(
+        ["resnet18-random"],
+        {"timed images per sweep (batch 1)": n, "calibration": n_calib},
+        {"timed images": 0, "calibration": 1},
+        "per-channel u8s8 QDQ, ORT_ENABLE_ALL",
+    )
+    src = zoo.get("resnet18-random")
+    feeds = zoo.sample_inputs("resnet18-random", n)
+    calib = zoo.sample_inputs("resnet18-random", n_calib, seed=1)
     args = dict(per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     with tempfile.TemporaryDirectory(prefix="zonnx-bench-") as d:
         tmp = Path(d)
@@ -41,11 +51,11 @@ def bench_quant_speed(ctx: BenchContext) -> list[Measurement]:
     def sweep(name: str):
         return lambda: [sessions[name].run(None, f) for f in feeds]
 
-    t_zonnx, t_float = ctx.time_pair(sweep("zonnx"), sweep("float"))
-    t_zonnx2, t_ort = ctx.time_pair(sweep("zonnx"), sweep("ort"))
+    t = ctx.time_interleaved({k: sweep(k) for k in ("zonnx", "float", "ort")})
+    t_zonnx, t_float, t_ort = t["zonnx"], t["float"], t["ort"]
     return [
         Measurement(
-            "ResNet-18 int8 QDQ (zonnx) vs float",
+            "resnet18-random int8 QDQ (zonnx) vs float",
             n / t_zonnx.median,
             "img/s",
             HIGHER,
@@ -54,8 +64,8 @@ def bench_quant_speed(ctx: BenchContext) -> list[Measurement]:
             target=2.5,
         ),
         Measurement(
-            "ResNet-18 int8 QDQ (zonnx) vs ORT's quantizer",
-            n / t_zonnx2.median,
+            "resnet18-random int8 QDQ (zonnx) vs ORT's quantizer",
+            n / t_zonnx.median,
             "img/s",
             HIGHER,
             peer="ORT-quantized",

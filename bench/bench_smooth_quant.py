@@ -28,6 +28,8 @@ def _centered_cosine(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def bench_smooth_quant(ctx: BenchContext) -> list[Measurement]:
+    n_calib, n_held = (8, 8) if ctx.quick else (16, 32)
+    ctx.describe([MODEL], {"calibration": n_calib, "held out": n_held}, {"calibration": 0, "held out": 1})
     path = str(zoo.get(MODEL))
     calib = zoo.sample_inputs(MODEL, 8 if ctx.quick else 16, seed=0)
     held = zoo.sample_inputs(MODEL, 8 if ctx.quick else 32, seed=1)

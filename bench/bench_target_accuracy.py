@@ -47,6 +47,7 @@ def _accuracy(model: Path | onnx.ModelProto, lines: list) -> tuple[float, float]
 def bench_target_accuracy(ctx: BenchContext) -> list[Measurement]:
     """One measurement per target: char accuracy of its quantized model against float's."""
     n_calib, n_test = (16, 40) if ctx.quick else (48, 100)
+    ctx.describe(["ppocr_rec"], {"calibration lines": n_calib, "test lines": n_test}, {"lines": 11})
     src = zoo.get("ppocr_rec")
     samples = rec_samples(n_calib + n_test, seed=11)
     calib, test = [feed for _, feed in samples[:n_calib]], samples[n_calib:]

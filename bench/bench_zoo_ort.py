@@ -14,8 +14,8 @@ from zonnx import zoo
 
 logger = logging.getLogger(__name__)
 
-MODELS = ["digits_cnn", "resnet18", "mobilenetv2"]
-QUICK_MODELS = ["digits_cnn", "mobilenetv2"]
+MODELS = ["digits_cnn", "resnet18-random", "mobilenetv2-random"]
+QUICK_MODELS = ["digits_cnn", "mobilenetv2-random"]
 #: Inputs per timed sweep (batch 1 each); the figure is images per second over the sweep.
 SWEEP = 8
 QUICK_SWEEP = 2
@@ -35,6 +35,7 @@ def bench_zoo_ort(ctx: BenchContext) -> list[Measurement]:
     ORT_ENABLE_ALL (peer). No target: it shows how much ORT's own fusions are worth on each model."""
     out = []
     n = QUICK_SWEEP if ctx.quick else SWEEP
+    ctx.describe(QUICK_MODELS if ctx.quick else MODELS, {"images per sweep (batch 1)": n}, {"images": 0})
     for name in QUICK_MODELS if ctx.quick else MODELS:
         path = zoo.get(name)
         feeds = zoo.sample_inputs(name, n)

@@ -17,10 +17,12 @@ __all__ = [
     "REGISTRY",
     "time_call",
     "time_pair",
+    "time_interleaved",
     "peak_rss",
     "traced_peak",
     "run_benchmarks",
     "render_table",
+    "header",
     "to_markdown",
     "to_json",
     "main",
@@ -45,6 +47,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.header import Setup, host_lines, setup_lines
 from zonnx.errors import OptionError, did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -141,23 +144,37 @@ def time_call(fn: Callable[[], object], repeat: int = 10, warmup: int = 2) -> Ti
     return TimingStats(statistics.median(times), min(times), statistics.fmean(times), repeat)
 
 
+def time_interleaved(
+    fns: Mapping[str, Callable[[], object]], repeat: int = 10, warmup: int = 2
+) -> dict[str, TimingStats]:
+    """Time several functions in rounds (a, b, c, a, b, c, ...) so a change in machine load hits all alike.
+
+    Every ratio between two of the results then compares timings taken in the same rounds of one run.
+    """
+    if repeat < 1 or warmup < 0:
+        raise OptionError(f"time_interleaved: repeat must be >= 1 and warmup >= 0 (got {repeat}, {warmup}).")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - start)
+    return {
+        k: TimingStats(statistics.median(t), min(t), statistics.fmean(t), repeat) for k, t in times.items()
+    }
+
+
 def time_pair(
     ours: Callable[[], object], peer: Callable[[], object], repeat: int = 10, warmup: int = 2
 ) -> tuple[TimingStats, TimingStats]:
     """Time two functions alternately (ours, peer, ours, ...) so a change in machine load hits both alike."""
     if repeat < 1 or warmup < 0:
         raise OptionError(f"time_pair: repeat must be >= 1 and warmup >= 0 (got {repeat}, {warmup}).")
-    for _ in range(warmup):
-        ours()
-        peer()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeat):
-        for fn, acc in ((ours, times[0]), (peer, times[1])):
-            start = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - start)
-    a, b = (TimingStats(statistics.median(t), min(t), statistics.fmean(t), repeat) for t in times)
-    return a, b
+    t = time_interleaved({"ours": ours, "peer": peer}, repeat, warmup)
+    return t["ours"], t["peer"]
 
 
 def _status_kib(field: str) -> int | None:
@@ -238,6 +255,18 @@ class BenchContext:
     repeat: int = 10
     warmup: int = 2
     quick: bool = False
+    #: What the running benchmark declared with ``describe`` (taken by run_benchmarks after each one).
+    described: list[Setup] = dataclasses.field(default_factory=list, compare=False, repr=False)
+
+    def describe(
+        self,
+        models: Sequence[str],
+        samples: Mapping[str, int] | None = None,
+        seeds: Mapping[str, int] | None = None,
+        note: str = "",
+    ) -> None:
+        """Declare the models, sample counts and seeds this benchmark uses (printed above its figures)."""
+        self.described.append(Setup(tuple(models), dict(samples or {}), dict(seeds or {}), note))
 
     def time(self, fn: Callable[[], object]) -> TimingStats:
         return time_call(fn, self.repeat, self.warmup)
@@ -246,6 +275,9 @@ class BenchContext:
         self, ours: Callable[[], object], peer: Callable[[], object]
     ) -> tuple[TimingStats, TimingStats]:
         return time_pair(ours, peer, self.repeat, self.warmup)
+
+    def time_interleaved(self, fns: Mapping[str, Callable[[], object]]) -> dict[str, TimingStats]:
+        return time_interleaved(fns, self.repeat, self.warmup)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,6 +303,7 @@ class BenchResult:
     measurements: list[Measurement]
     seconds: float
     error: str | None = None
+    setup: Setup | None = None
 
     @property
     def failed(self) -> bool:
@@ -325,7 +358,7 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark(
             "quant_speed",
             "bench.bench_quant_speed:bench_quant_speed",
-            "ResNet-18 int8 QDQ from zonnx in plain ORT vs float and vs ORT's quantizer output",
+            "resnet18-random int8 QDQ from zonnx in plain ORT vs float and vs ORT's quantizer output, interleaved",
         ),
         Benchmark(
             "npu_speed",
@@ -357,7 +390,14 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark(
             "calibration",
             "bench.bench_calibration:bench_calibration",
-            "ResNet-18 calibration (MinMax, Percentile) / float sweep and peak RSS 256 vs 32 samples: zonnx vs ORT",
+            "resnet18-random calibration (MinMax, Percentile sampled and full) / float sweep and peak RSS 256 vs "
+            "32 samples: zonnx vs ORT",
+        ),
+        Benchmark(
+            "calib_sample",
+            "bench.bench_calib_sample:bench_calib_sample",
+            "PP-OCRv4 rec char accuracy and quantize time with histograms from zonnx's strided sample vs every "
+            "value (CalibHistogramSample)",
         ),
         Benchmark(
             "fast_finetune",
@@ -395,13 +435,15 @@ def run_benchmarks(
     results = []
     for name in names:
         start = time.perf_counter()
+        ctx.described.clear()
         try:
             measurements = list(registry[name].load()(ctx))
             error = None
         except Exception as e:
             logger.debug("benchmark %s failed:\n%s", name, traceback.format_exc())
             measurements, error = [], f"{type(e).__name__}: {e}"
-        results.append(BenchResult(name, measurements, time.perf_counter() - start, error))
+        setup = ctx.described[-1] if ctx.described else None
+        results.append(BenchResult(name, measurements, time.perf_counter() - start, error, setup))
     return results
 
 
@@ -444,9 +486,18 @@ def render_table(results: Sequence[BenchResult]) -> Table:
     return table
 
 
-def to_markdown(results: Sequence[BenchResult]) -> str:
-    """The same table as GitHub markdown, to paste into docs/benchmarks.md."""
-    lines = ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
+def header(results: Sequence[BenchResult], ctx: BenchContext) -> list[str]:
+    """Host, versions, timing settings, and each benchmark's models (with provenance), samples and seeds."""
+    lines = [*host_lines(), f"timing: repeat {ctx.repeat}, warmup {ctx.warmup}, quick {ctx.quick}"]
+    for r in results:
+        lines += setup_lines(r.name, r.setup)
+    return lines
+
+
+def to_markdown(results: Sequence[BenchResult], ctx: BenchContext | None = None) -> str:
+    """The same table as GitHub markdown, to paste into docs/benchmarks.md (after the header, as a list)."""
+    lines = [f"- {h}" for h in header(results, ctx)] + [""] if ctx is not None else []
+    lines += ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
     for row in _rows(results):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
     return "\n".join(lines) + "\n"
@@ -455,8 +506,9 @@ def to_markdown(results: Sequence[BenchResult]) -> str:
 def to_json(results: Sequence[BenchResult], ctx: BenchContext) -> dict[str, Any]:
     """Results as plain data: context, then per benchmark its seconds, error and measurements."""
     return {
-        "context": dataclasses.asdict(ctx),
+        "context": {"repeat": ctx.repeat, "warmup": ctx.warmup, "quick": ctx.quick},
         "python": sys.version.split()[0],
+        "header": header(results, ctx),
         "benchmarks": [
             {
                 "name": r.name,
@@ -499,8 +551,10 @@ def main(argv: Sequence[str] | None = None, registry: Mapping[str, Benchmark] = 
         console.print(f"error: {e}", style="red", markup=False, highlight=False)
         return 2
     if args.markdown:
-        print(to_markdown(results), end="")
+        print(to_markdown(results, ctx), end="")
     else:
+        for line in header(results, ctx):
+            console.print(line, markup=False, highlight=False)
         console.print(render_table(results))
     if args.json:
         args.json.write_text(json.dumps(to_json(results, ctx), indent=2) + "\n")

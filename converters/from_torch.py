@@ -397,8 +397,11 @@ def convert_module(
     if check:
         dynamic = {k: list(v) for k, v in (dynamic_axes or {}).items() if k in in_names}
         samples = _check_args(args, in_names, dynamic, quant_input_ranges(model))
+        generated = len(samples)
         samples += [_as_args(c, forward_names) for c in check_inputs or ()]
-        checks = _check(module, model, samples, in_names, min_cosine=min_cosine, max_lsb=max_lsb)
+        checks = _check(
+            module, model, samples, in_names, min_cosine=min_cosine, max_lsb=max_lsb, generated=generated
+        )
     return ConversionResult(model, checks, info), raw
 
 
@@ -424,24 +427,46 @@ def _check(
     *,
     min_cosine: float,
     max_lsb: int,
+    generated: int | None = None,
 ) -> list:
-    """Compare ORT with torch on every sample (quantized outputs in integer codes)."""
+    """Compare ORT with torch on every sample (quantized outputs in integer codes).
+
+    Rule: torch failing on the first sample or on a given one (index >= ``generated``, the user's test
+    inputs) is an error; on a generated sample at another size of a dynamic dim it is skipped with one
+    warning naming the sizes, so the check never covers fewer inputs than it says.
+    """
     view, to_codes = codes_view(model)
-    feeds_list, refs = [], {}
+    feeds_list, refs, skipped = [], {}, []
+    generated = len(samples) if generated is None else generated
     with torch.no_grad():
-        for args in samples:
+        for index, args in enumerate(samples):
             feeds = {
                 n: _to_numpy(t) for n, t in zip(in_names, args, strict=False) if isinstance(t, torch.Tensor)
             }
             try:
                 theirs = [_to_numpy(t) for t in _flatten(module(*args))]
-            except Exception as e:
-                if args is samples[0]:
+            except Exception as e:  # the user's module raises anything; given samples must run
+                if index == 0:
                     raise
-                logger.info("torch fails on a check sample (%s); skipped", _first_line(e))
+                sizes = ", ".join(f"{k}:{','.join(map(str, v.shape))}" for k, v in feeds.items())
+                if index >= generated:
+                    raise ConversionError(
+                        f"the torch module fails on test input {index - generated + 1} ({sizes}): "
+                        f"{type(e).__name__}: {_first_line(e)}; fix the input or leave it out."
+                    ) from None
+                skipped.append(f"{sizes} ({_first_line(e)})")
                 continue
             feeds_list.append(feeds)
             refs[id(feeds)] = to_codes({str(i): a for i, a in enumerate(theirs)})
+    if skipped:
+        logger.warning(
+            "conversion check: torch fails at %d generated size(s) of the dynamic dims, which are not "
+            "checked: %s; checked %d of %d samples",
+            len(skipped),
+            "; ".join(skipped),
+            len(feeds_list),
+            len(samples),
+        )
     try:
         return check_against_source(
             view, lambda f: refs[id(f)], feeds_list, min_cosine=min_cosine, max_lsb=max_lsb

@@ -25,7 +25,7 @@ def _init(path: Path) -> None:
 def build(
     model: str = typer.Argument(
         "digits_cnn",
-        help="A build config (.toml), an .onnx file or a zoo model name (digits_cnn, resnet18, ppocr_rec, ...).",
+        help="A build config (.toml), an .onnx file or a zoo model name (digits_cnn, ppocr_rec, resnet18-random, ...).",
     ),
     out_dir: Path = typer.Option(Path("out"), "--out-dir", "-o", help="Folder for the outputs and report."),
     opset: int = typer.Option(17, "--opset", help="Opset the optimizer upgrades to."),

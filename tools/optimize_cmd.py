@@ -66,6 +66,8 @@ def optimize(
         if not inplace:
             raise OptionError("give an output path (zonnx optimize IN.onnx OUT.onnx) or --inplace.")
         output = model
+    if not verify and inputs:  # --input-shape fixes dims for the passes too; --inputs only feeds --verify
+        raise OptionError("--inputs only feed --verify's checks and do nothing without it: add --verify.")
     refuse_overwrites({"--inputs": inputs}, {"OUTPUT": output})  # IN == OUT is --inplace's business
     options = OptimizeOptions(
         target_opset=opset,

@@ -311,6 +311,7 @@ def quantize(
     tdef = _target_defaults(target or cfg_file.get("target"))
     fmt = fmt or cfg_file.get("format", tdef.get("quant_format", "qdq"))
     extra_options = {
+        "ReportHoldOut": True,  # the report on samples calibration did not see, when there are enough
         **tdef.get("extra_options", {}),
         **_generic_defaults(tdef, fmt),
         **cfg_file.get("extra_options", {}),

@@ -66,6 +66,8 @@ class BuildReport:
 
 
 def _resolve_model(name: str, console: Console) -> Path:
+    if name in zoo.RENAMED and not Path(name).exists():
+        zoo.get(name)  # refused with the model's new name
     if name in zoo.names():
         with console.status(f"preparing zoo model {name} (built once, then cached)"):
             return zoo.get(name)

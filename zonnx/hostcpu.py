@@ -25,6 +25,7 @@ __all__ = [
     "IntPath",
     "HostInt",
     "host_isa",
+    "cpu_name",
     "probe_u8s8_exact",
     "host_int",
     "choose_path",
@@ -115,6 +116,19 @@ def _isa_from_cpuinfo() -> str | None:
         if flag in flags:
             return name
     return "x86-64"
+
+
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` or the machine type elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def host_isa() -> str:

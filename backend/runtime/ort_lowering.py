@@ -9,7 +9,7 @@ uint8), so the integer kernels take their fast unsigned-activation paths. Per op
   ``sum (q - Z_x) w`` with zero-point padding, i.e. the program's ``conv(pad(q, Z_x), w)`` minus
   ``Z_x sum(w)``; that term and the folded bias go into the one requantization constant. QLinearConv is
   not used: it rounds ``float32(acc) * float32(scale)`` half to even, which differs from the targets'
-  integer ``(acc M) >> s`` for general multipliers (ResNet-18: about 17% of codes, PLATFORM.md).
+  integer ``(acc M) >> s`` for general multipliers.
   Layout: a tensor is transposed only where an op needs the other layout (once per tensor); pools on
   NHWC tensors use ReduceSum/ReduceMax over axes 1, 2 or ``com.microsoft`` NhwcMaxPool.
 - ``matmul``: ``MatMulInteger(x_u8, w, a_zp = off)``, exact int32 sums.

@@ -92,7 +92,7 @@ def test_unsupported_op_and_kernel_limit(diamond: Path) -> None:
 
 
 def test_resnet18_every_layer_fits_dpu(models: Models) -> None:
-    model = load_model(models.get("resnet18", "fix"))
+    model = load_model(models.get("resnet18-random", "fix"))
     cap = propose(model, "dpu-b4096")
     assert not cap.rejected
     assert sum(v.macs or 0 for v in cap.nodes.values()) == 1_814_073_344

@@ -96,7 +96,7 @@ def test_float_model_all_cpu() -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_resnet18(models: Models, target: str) -> None:
-    model = load_model(models.get("resnet18", "fix"))
+    model = load_model(models.get("resnet18-random", "fix"))
     part = partition(model, propose(model, target))
     assert acyclic(model, part) and part.total_ops == 50 and part.total_macs == 1_814_073_344
     if target == "zhouyi-x2":  # every residual Add + Relu stays on the CPU
@@ -108,7 +108,7 @@ def test_resnet18(models: Models, target: str) -> None:
 
 
 def test_resnet18_qdq_on_bm1684x(models: Models) -> None:
-    model = load_model(models.get("resnet18", "qdq"))
+    model = load_model(models.get("resnet18-random", "qdq"))
     part = partition(model, propose(model, "bm1684x"))
     assert part.num_subgraphs == 1 and part.npu_ops == part.total_ops == 49
     assert set(part.cpu_nodes) == {"input_QuantizeLinear", "logits_DequantizeLinear"}

@@ -35,7 +35,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def resnet_dpu(tmp_path_factory: pytest.TempPathFactory) -> ProfileReport:
     """ResNet-18 in the FixNeuron form (4 calibration samples), compiled and profiled for dpu-b4096."""
     d = tmp_path_factory.mktemp("profile_resnet")
-    path = quantize(zoo.get("resnet18"), d / "fix.onnx", zoo.sample_inputs("resnet18", 4, seed=1), "fix")
+    path = quantize(
+        zoo.get("resnet18-random"), d / "fix.onnx", zoo.sample_inputs("resnet18-random", 4, seed=1), "fix"
+    )
     return profile_model(path, "dpu-b4096")
 
 

@@ -118,12 +118,11 @@ def test_compiled_model_runs_without_compiling(models, tmp_path: Path) -> None:
 def test_cache_warm_session_reuses_the_entry(tmp_path: Path) -> None:
     """The second session comes from the cache and computes the same outputs. How much faster it is is a
     benchmark's question (``python -m bench.runner npu_speed``: warm vs cold), not a timed unit test's."""
-    feeds = zoo.sample_inputs("resnet18", 2)
-    model = quantize(zoo.get("resnet18"), tmp_path / "r18.onnx", feeds, "fix")
+    feeds = zoo.sample_inputs("resnet18-random", 2)
+    model = quantize(zoo.get("resnet18-random"), tmp_path / "r18.onnx", feeds, "fix")
     cold = _session(model, "dpu-b4096", tmp_path / "cache")
     warm = _session(model, "dpu-b4096", tmp_path / "cache")
     assert not cold.from_cache and warm.from_cache
-    assert warm.create_seconds < cold.create_seconds  # no compile, no lowering
     x = feeds[0]["input"]
     assert np.array_equal(cold.run(None, {"input": x})[0], warm.run(None, {"input": x})[0])
 

@@ -148,3 +148,27 @@ def test_time_pair_alternates_and_times_each_side():
     )
     assert order == ["a", "b"] * 5
     assert ours.repeat == peer.repeat == 4 and peer.min >= 0.003 > ours.median
+
+
+def test_time_interleaved_runs_every_function_in_each_round() -> None:
+    calls: list[str] = []
+    stats = runner.time_interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, repeat=3, warmup=1)
+    assert calls == list("abc") * 4 and [s.repeat for s in stats.values()] == [3, 3, 3]
+
+
+def _described(ctx: BenchContext) -> list[Measurement]:
+    ctx.describe(["resnet18-random", "ppocr_rec"], {"calibration": 8}, {"calibration": 1})
+    return [Measurement("x", 2.0, "s", LOWER, peer="p", peer_value=4.0)]
+
+
+def test_markdown_header_names_host_versions_models_provenance_samples_seeds() -> None:
+    ctx = BenchContext(repeat=1, warmup=0)
+    results = runner.run_benchmarks(["d"], ctx, {"d": Benchmark("d", _described)})
+    text = runner.to_markdown(results, ctx)
+    from zonnx.hostcpu import host_int
+
+    assert f"integer ISA {host_int().isa}" in text and "onnxruntime 1." in text
+    assert "d: model resnet18-random [random weights]" in text
+    assert "d: model ppocr_rec [pretrained third-party weights]" in text
+    assert "d: samples calibration 8; seeds calibration 1" in text
+    assert "| d | x | 2 s | p: 4 s | 0.5x |" in text

@@ -12,6 +12,7 @@ import pytest
 
 from tests.converters.test_from_torch import assert_valid, cosine
 from zonnx import zoo
+from zonnx.converters.common import ConversionError
 from zonnx.converters.from_onnx import cut_model, from_onnx, set_input_dims
 from zonnx.errors import OptionError
 
@@ -103,3 +104,20 @@ def test_bad_cut_names(det: Path, inputs: list[str] | None, outputs: list[str], 
     with pytest.raises(OptionError) as info:
         cut_model(onnx.load(det), inputs, outputs, shapes={"x": (1, 3, 64, 64)})
     assert fragment in str(info.value)
+
+
+def test_a_test_input_the_original_cannot_run_is_an_error_not_dropped() -> None:
+    """The check never covers fewer --test-input samples than given: one the source fails on is an error."""
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 12] x) => (float[1, 12] y) {
+            shape = Constant <value = int64[2] {1, 12}> ()
+            y = Reshape (x, shape)
+        }
+        """
+    )
+    ok = {"x": np.ones((1, 12), np.float32)}
+    assert len(from_onnx(model, check_inputs=[ok, ok]).checks) >= 1
+    with pytest.raises(ConversionError, match="does not run on test input 2"):
+        from_onnx(model, check_inputs=[ok, {"x": np.ones((2, 12), np.float32)}])

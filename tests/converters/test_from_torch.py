@@ -329,3 +329,23 @@ def test_unexportable_op_names_op_and_node() -> None:
 def test_example_inputs_that_do_not_fit_name_the_input() -> None:
     with pytest.raises(ConversionError, match=r"image:1,3,16 .*--input-shape"):
         from_torch(SmallCNN(), torch.randn(1, 3, 16))
+
+
+class _BatchOfOne(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] != 1:
+            raise ValueError("batch of one only")
+        return x * 2
+
+
+def test_a_test_input_torch_cannot_run_is_an_error_not_dropped() -> None:
+    """A given check input on which the source module raises fails the conversion (never silently skipped)."""
+    x = torch.ones(1, 4)
+    with pytest.raises(ConversionError, match=r"fails on test input 1 \(x:2,4\).*batch of one only"):
+        from_torch(
+            _BatchOfOne(),
+            (x,),
+            input_names=["x"],
+            dynamic_axes={"x": {0: "n"}},
+            check_inputs=[(torch.ones(2, 4),)],
+        )

@@ -264,7 +264,6 @@ def test_ppocr_models(name: str) -> None:
     expected = _ort_macs(path, PPOCR_SHAPES[name])
     print(f"{name}: inspect {seconds:.3f} s, {s.macs.total:,} MACs at {PPOCR_SHAPES[name]}")
     assert s.macs.complete and s.macs.total == expected
-    assert seconds < 10
     assert s.op_histogram == Counter(n.op_type for n in proto.graph.node)
     assert list(s.op_histogram.values()) == sorted(s.op_histogram.values(), reverse=True)
     assert sum(s.op_histogram.values()) == len(proto.graph.node) == s.nodes

@@ -250,7 +250,6 @@ def test_cnn_full_within_one_lsb_of_ort_qoperator(cases, cfg: str) -> None:
         assert lsb <= 1.0, (name, lsb)
     for name, lsb in case.diffs_in_lsb(case.qdq).items():
         assert lsb <= 1.0, (name, lsb)
-    assert case.seconds < 1.0
 
 
 @pytest.mark.parametrize("cfg", ["u8s8_pc", "s8s8_pt"])

@@ -74,19 +74,31 @@ def test_positional_call_like_ort(tmp_path: Path, digits: Path, digits_test) -> 
     assert sess.get_inputs()[0].name == "input"
 
 
+def _dq_params(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(scale, zero point) of every DequantizeLinear, keyed by what it dequantizes: the quantized weight
+    or bias initializer, or the QuantizeLinear output of an activation (names both quantizers share)."""
+    model = onnx.load(path)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    return {
+        n.input[0]: (inits[n.input[1]], inits[n.input[2]])
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear"
+    }
+
+
 def test_scales_match_ort_minmax(tmp_path: Path, digits: Path) -> None:
-    """Same data, same MinMax per-tensor options: every activation scale/zero point equals ORT's."""
+    """Same data, same MinMax per-tensor options: every scale and zero point of every one of ORT's
+    DequantizeLinear nodes (weights, biases, activations) equals zonnx's for the same tensor."""
     prepped = tmp_path / "prepped.onnx"
     zonnx.save_model(zonnx.optimize(digits, opset=13), prepped)
     ours, theirs = tmp_path / "ours.onnx", tmp_path / "ort.onnx"
     zonnx.quantize_static(prepped, ours, DigitsReader(32), activation_type=QuantType.QUInt8)
     ort_quantize_static(str(prepped), str(theirs), DigitsReader(32), activation_type=QuantType.QUInt8)
-    ours_init = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(ours).graph.initializer}
-    theirs_init = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(theirs).graph.initializer}
-    common = sorted(k for k in ours_init.keys() & theirs_init.keys() if k.endswith(("_scale", "_zero_point")))
-    assert len(common) >= 20
-    for name in common:
-        np.testing.assert_allclose(ours_init[name], theirs_init[name], rtol=1e-6, err_msg=name)
+    ours_q, theirs_q = _dq_params(ours), _dq_params(theirs)
+    assert len(theirs_q) == 23 and sorted(ours_q) == sorted(theirs_q)
+    for key, (scale, zero_point) in theirs_q.items():
+        np.testing.assert_allclose(ours_q[key][0], scale, rtol=1e-6, err_msg=key)
+        np.testing.assert_array_equal(ours_q[key][1], zero_point, err_msg=key)
 
 
 @pytest.mark.parametrize(

@@ -359,7 +359,7 @@ def test_power_of_two_models_are_matched(cnn: dict, cnn_report: LayerReport, sep
 
 def test_json_render_and_atomic_write(cls_report: LayerReport, tmp_path: Path) -> None:
     data = json.loads(cls_report.to_json())
-    assert list(data) == ["version", "float_model", "quant_model", "samples", "matched", "layers", "outputs",
+    assert list(data) == ["version", "float_model", "quant_model", "samples", "data", "matched", "layers", "outputs",
                           "unmatched", "skipped"]  # fmt: skip
     assert list(data["layers"][0]) == ["tensor", "quant_tensor", "node", "op_type", "via", "shape", "elements",
                                        "cosine", "euclid", "sqnr_db", "max_abs_error", "mean_abs_error",

@@ -136,3 +136,8 @@ def test_build_init_and_config_errors(tmp_path: Path) -> None:
         run_cli("build", str(tmp_path / "bad.toml")), "unknown key 'target_name'", "'target'"
     )
     assert_one_line_error(run_cli("build", "--only", "compile"), "go with a build config")
+
+
+def test_old_zoo_name_gives_the_new_one(tmp_path: Path) -> None:
+    proc = run_cli("build", "resnet18", "-o", str(tmp_path / "out"), "--no-deploy")  # old name
+    assert_one_line_error(proc, "zoo model 'resnet18' is now 'resnet18-random'")  # old name

@@ -92,3 +92,14 @@ def test_version_and_help() -> None:
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+@pytest.mark.parametrize("flag", [["--inputs", "in.npz"]])
+def test_verify_inputs_without_verify_are_refused(tmp_path: Path, cls_model: Path, flag: list[str]) -> None:
+    """--inputs only feeds --verify (--input-shape also fixes the dims the passes see, so it stands alone)."""
+    out = tmp_path / "o.onnx"
+    proc = run_cli("optimize", str(cls_model), str(out), *flag)
+    assert_one_line_error(
+        proc, f"{flag[0]} only feed --verify's checks and do nothing without it: add --verify."
+    )
+    assert not out.exists()

@@ -16,8 +16,8 @@ from zonnx.ir.io import MAX_IR_VERSION
 from zonnx.verify import check_loadable, ort_session
 from zonnx.zoo import digits, text_images
 
-BUILT = ["digits_cnn", "resnet18", "mobilenetv2", "transformer"]
-CNNS = ["digits_cnn", "resnet18", "mobilenetv2"]
+BUILT = ["digits_cnn", "resnet18-random", "mobilenetv2-random", "transformer-random"]
+CNNS = ["digits_cnn", "resnet18-random", "mobilenetv2-random"]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_cnn_keeps_batchnorm_and_has_a_dynamic_batch(built, name):
 
 
 def test_cnn_batchnorm_statistics_are_not_trivial(built):
-    proto = _proto(built["resnet18"])
+    proto = _proto(built["resnet18-random"])
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
     for node in (n for n in proto.graph.node if n.op_type == "BatchNormalization"):
         mean, var = inits[node.input[3]], inits[node.input[4]]
@@ -78,15 +78,15 @@ def test_cnn_batchnorm_statistics_are_not_trivial(built):
 
 
 def test_transformer_has_decomposed_layernorm_erf_gelu_and_dynamic_axes(built):
-    proto = _proto(built["transformer"])
+    proto = _proto(built["transformer-random"])
     ops = Counter(n.op_type for n in proto.graph.node)
     assert ops["LayerNormalization"] == 0 and ops["ReduceMean"] >= 8 and ops["Sqrt"] == 4
     assert ops["Erf"] == 2 and ops["Softmax"] == 2 and ops["MatMul"] >= 12
     dims = [d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim]
     assert dims == ["N", "S"]
-    sess = ort_session(built["transformer"])
+    sess = ort_session(built["transformer-random"])
     for seq_len in (7, 32):
-        ids = np.stack([f["input_ids"][0] for f in zoo.sample_inputs("transformer", 2)])[:, :seq_len]
+        ids = np.stack([f["input_ids"][0] for f in zoo.sample_inputs("transformer-random", 2)])[:, :seq_len]
         out = sess.run(None, {"input_ids": ids})[0]
         assert out.shape == (2, 10) and np.isfinite(out).all()
     import torch
@@ -103,34 +103,34 @@ def test_resnet_export_matches_torch_module(built):
 
     from zonnx.zoo.torch_models import resnet18_module
 
-    x = zoo.sample_inputs("resnet18", 1, seed=3)[0]["input"]
+    x = zoo.sample_inputs("resnet18-random", 1, seed=3)[0]["input"]
     with torch.no_grad():
         expected = resnet18_module()(torch.from_numpy(x)).numpy()
-    got = ort_session(built["resnet18"]).run(None, {"input": x})[0]
+    got = ort_session(built["resnet18-random"]).run(None, {"input": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
 
 
 def test_cache_is_reused_and_a_removed_file_is_rebuilt(built):
-    path = built["transformer"]
+    path = built["transformer-random"]
     mtime = path.stat().st_mtime_ns
     time.sleep(0.01)
-    assert zoo.get("transformer") == path
+    assert zoo.get("transformer-random") == path
     assert path.stat().st_mtime_ns == mtime  # not rebuilt
     path.unlink()
-    assert zoo.get("transformer") == path and path.is_file()
+    assert zoo.get("transformer-random") == path and path.is_file()
     assert path.stat().st_mtime_ns != mtime
     check_loadable(path, full_check=False)
 
 
 def test_build_goes_to_zonnx_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("ZONNX_CACHE", str(tmp_path))
-    path = zoo.get("transformer")
+    path = zoo.get("transformer-random")
     assert path.is_relative_to(tmp_path) and path.is_file()
     assert zoo.cache_dir().is_relative_to(tmp_path)
 
 
 def test_unknown_zoo_name_suggests_the_closest():
-    with pytest.raises(OptionError, match="Did you mean 'resnet18'"):
+    with pytest.raises(OptionError, match="Did you mean 'resnet18-random'"):
         zoo.get("resnet81")
 
 
@@ -234,3 +234,15 @@ def test_missing_fonts_raise_a_clear_error(tmp_path):
     with pytest.raises(ZonnxError, match="fonts-dejavu-core"):
         text_images.find_fonts([tmp_path])
     assert text_images.font_paths()[0].name == "DejaVuSans.ttf"
+
+
+@pytest.mark.parametrize("old", sorted(zoo.RENAMED))
+def test_old_names_are_refused_with_the_new_name(old):
+    with pytest.raises(OptionError, match=f"is now '{zoo.RENAMED[old]}'.*not trained"):
+        zoo.get(old)
+
+
+def test_provenance_is_in_every_random_weight_name():
+    for name in zoo.names():
+        assert (zoo.provenance(name) == "random") == name.endswith("-random"), name
+    assert zoo.provenance("ppocr_rec") == "pretrained" and zoo.provenance("digits_cnn") == "trained here"

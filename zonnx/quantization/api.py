@@ -21,6 +21,7 @@ from zonnx.ir.large import copy_model
 from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig, annotate, nodes_between
 from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
+from zonnx.quantization.holdout import HoldOutReader
 from zonnx.quantization.options import parse_extra_options
 from zonnx.quantization.plan import QuantPlan
 from zonnx.quantization.sample_keeper import SampleKeeper
@@ -379,7 +380,10 @@ def quantize_static(
         recovery.KEPT_SAMPLES if cfg.extra.bias_correction else 0,
         fast_ft.data_size if fast_ft is not None else 0,
     )
-    reader = SampleKeeper(calibration_data_reader, keep) if calibration_data_reader is not None else None
+    holdout = HoldOutReader(
+        calibration_data_reader, cfg.extra.report_samples if cfg.extra.report_holdout else 0
+    )
+    reader = SampleKeeper(holdout, keep) if calibration_data_reader is not None else None
     calibrate_plan(
         float_model,
         plan,
@@ -416,11 +420,13 @@ def quantize_static(
     if imported is not None:
         feeds = reader.fill() if reader is not None else []
         result.prequant = prequant.finish_report(imported, grid_rows, model_input, proto, feeds, calibration_providers)
-    if reader is not None and reader.kept and cfg.extra.report_samples:
+    if reader is not None and (reader.kept or holdout.held) and cfg.extra.report_samples:
         from zonnx.quantization.collapse import similarity_warning
         from zonnx.quantization.report import layer_report
 
-        result.report = layer_report(float_model, proto, reader.kept, max_samples=cfg.extra.report_samples)
+        feeds = (holdout.held or reader.kept)[: cfg.extra.report_samples]
+        result.report = layer_report(float_model, proto, feeds, max_samples=len(feeds))
+        result.report.data = holdout.describe(len(feeds))
         warning = similarity_warning(
             result.report,
             float_model,

@@ -52,7 +52,7 @@ def similarity_warning(
     fixes.append("`zonnx compare FLOAT QUANT --inputs X.npz` to see every tensor")
     return (
         f"quantized output {worst.tensor!r} has cosine {worst.cosine:.4f} against float on {report.samples} "
-        f"calibration sample(s), below {threshold}"
+        f"{'held-out' if report.data.startswith('held out') else 'calibration'} sample(s), below {threshold}"
         + (f"; similarity first falls at {where}" if where else "")
         + "; try: "
         + "; ".join(fixes)

@@ -121,6 +121,9 @@ class ExtraOptions:
     quant_placement: str = "ort"
     # calibration samples, spread over the whole set, kept for the per-layer report and the collapse check
     report_samples: int = 4
+    # hold the last report_samples calibration samples out of calibration for the report (holdout.py);
+    # off in quantize_static (every sample calibrates, as in ORT), on in `zonnx quantize`
+    report_holdout: bool = False
     # warn when a model output's cosine against float falls below this on those samples (collapse.py)
     warn_below_cosine: float = 0.99
     # a pre-quantized input: dequantize it and calibrate from scratch instead of importing its grids
@@ -178,6 +181,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "FixRoundMode": ("fix_round_mode", (str, type(None))),
     "QuantPlacement": ("quant_placement", str),
     "ReportSamples": ("report_samples", int),
+    "ReportHoldOut": ("report_holdout", bool),
     "WarnBelowCosine": ("warn_below_cosine", (int, float)),
     "PrequantRequantize": ("prequant_requantize", bool),
     "IncludeCLE": ("include_cle", bool),

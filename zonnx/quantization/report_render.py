@@ -82,6 +82,7 @@ class LayerReport:
     skipped: list[str] = dataclasses.field(default_factory=list)
     float_model: str | None = None
     quant_model: str | None = None
+    data: str = ""  # which samples: held out or in-sample, how many of how many (set by quantize_static)
 
     @property
     def worst(self) -> TensorStats | None:
@@ -105,6 +106,7 @@ class LayerReport:
             "float_model": self.float_model,
             "quant_model": self.quant_model,
             "samples": self.samples,
+            "data": self.data,
             "matched": len(self.layers),
             "layers": rows(self.layers),
             "outputs": rows(self.outputs),
@@ -126,6 +128,7 @@ class LayerReport:
             data["skipped"],
             data["float_model"],
             data["quant_model"],
+            data.get("data", ""),
         )
 
     def render(self, console: Console | None = None, top: int = 15) -> None:
@@ -257,7 +260,7 @@ def render_report(report: LayerReport, console: Console | None = None, *, top: i
         f"sample(s); worst {worst.tensor!r} at {fmt_db(worst.sqnr_db)} dB" if worst else
         f"per-layer accuracy, float vs quantized: no quantized tensor matched on {report.samples} sample(s)"
     )  # fmt: skip
-    console.print(Text(summary), soft_wrap=True)
+    console.print(Text(summary + (f" ({report.data})" if report.data else "")), soft_wrap=True)
     if report.layers and top > 0:
         shown = report.layers[:top]
         table = _table(

@@ -1,5 +1,10 @@
-"""Real models for tests, benchmarks and the default build: built locally, cached on disk, rebuilt when missing."""
+"""Models for tests, benchmarks and the default build: built locally, cached on disk, rebuilt when missing.
 
-from zonnx.zoo.registry import ZOO, ZooEntry, cache_dir, get, names, sample_inputs
+Provenance (``provenance(name)``): the PP-OCR models are pretrained third-party weights shipped in the
+rapidocr-onnxruntime wheel; ``digits_cnn`` is trained here at first use; every ``*-random`` model has
+seeded random weights and serves speed and exactness checks only, never accuracy claims.
+"""
 
-__all__ = ["ZOO", "ZooEntry", "cache_dir", "get", "names", "sample_inputs"]
+from zonnx.zoo.registry import RENAMED, ZOO, ZooEntry, cache_dir, get, names, provenance, sample_inputs
+
+__all__ = ["RENAMED", "ZOO", "ZooEntry", "cache_dir", "get", "names", "provenance", "sample_inputs"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ZooEntry", "ZOO", "cache_dir", "names", "get", "sample_inputs"]
+__all__ = ["ZooEntry", "ZOO", "RENAMED", "cache_dir", "names", "provenance", "get", "sample_inputs"]
 
 import dataclasses
 import importlib
@@ -28,6 +28,7 @@ class ZooEntry:
     description: str
     builder: str | None
     inputs: str | None = None  # "module:function(n, seed) -> list[feeds]" for real sample inputs
+    provenance: str = "random"  # "pretrained" (third-party weights), "trained here", or "random" (untrained)
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -38,22 +39,26 @@ ZOO: dict[str, ZooEntry] = {
             "small CNN trained at first use on scikit-learn's 8x8 digits (test accuracy in metadata)",
             "zonnx.zoo.digits:build_digits_cnn",
             "zonnx.zoo.digits:digits_inputs",
+            "trained here",
         ),
         ZooEntry(
-            "resnet18",
-            "ResNet-18-style CNN (torch, random weights, BN kept), 1x3x224x224",
+            "resnet18-random",
+            "ResNet-18-style CNN (torch, seeded random weights, BN statistics from synthetic images; NOT "
+            "trained: for speed and exactness only), 1x3x224x224",
             "zonnx.zoo.torch_models:build_resnet18",
             "zonnx.zoo.torch_models:image_inputs",
         ),
         ZooEntry(
-            "mobilenetv2",
-            "MobileNetV2-style CNN (torch, random weights, BN kept), 1x3x224x224",
+            "mobilenetv2-random",
+            "MobileNetV2-style CNN (torch, seeded random weights, BN statistics from synthetic images; NOT "
+            "trained: for speed and exactness only), 1x3x224x224",
             "zonnx.zoo.torch_models:build_mobilenetv2",
             "zonnx.zoo.torch_models:image_inputs",
         ),
         ZooEntry(
-            "transformer",
-            "small transformer encoder (attention, decomposed LayerNorm and GELU), opset 13",
+            "transformer-random",
+            "small transformer encoder (attention, decomposed LayerNorm and GELU), opset 13; NOT trained: "
+            "seeded random weights",
             "zonnx.zoo.torch_models:build_transformer",
             "zonnx.zoo.torch_models:token_inputs",
         ),
@@ -69,20 +74,31 @@ ZOO: dict[str, ZooEntry] = {
             "PP-OCRv4 text detection (rapidocr-onnxruntime wheel)",
             None,
             "zonnx.zoo.text_images:det_inputs",
+            "pretrained",
         ),
         ZooEntry(
             "ppocr_rec",
             "PP-OCRv4 text recognition (rapidocr-onnxruntime wheel)",
             None,
             "zonnx.zoo.text_images:rec_inputs",
+            "pretrained",
         ),
         ZooEntry(
             "ppocr_cls",
             "PP-OCR mobile v2.0 direction classifier (rapidocr-onnxruntime wheel)",
             None,
             "zonnx.zoo.text_images:cls_inputs",
+            "pretrained",
         ),
     ]
+}
+
+
+#: Old names of renamed zoo models -> their new names (an old name is refused with the new one).
+RENAMED = {
+    "resnet18": "resnet18-random",
+    "mobilenetv2": "mobilenetv2-random",
+    "transformer": "transformer-random",
 }
 
 
@@ -96,9 +112,21 @@ def names() -> list[str]:
     return list(ZOO)
 
 
+def provenance(name: str) -> str:
+    """Where the weights of zoo model ``name`` come from: "pretrained", "trained here" or "random"."""
+    return _entry(name).provenance
+
+
 def _entry(name: str) -> ZooEntry:
+    if name in RENAMED:
+        raise OptionError(
+            f"zoo model {name!r} is now {RENAMED[name]!r} (seeded random weights, not trained): use that name."
+        )
     if name not in ZOO:
-        raise OptionError(f"unknown zoo model {name!r}.{did_you_mean(name, ZOO)} Known: {', '.join(ZOO)}.")
+        hint = did_you_mean(name, [*ZOO, *RENAMED])
+        for old, new in RENAMED.items():
+            hint = hint.replace(repr(old), repr(new))
+        raise OptionError(f"unknown zoo model {name!r}.{hint} Known: {', '.join(ZOO)}.")
     return ZOO[name]
 
 

@@ -365,12 +365,12 @@ def _build_cnn(name: str, module: nn.Module, path: Path) -> None:
 
 def build_resnet18(path: Path) -> None:
     """Export the ResNet-18-style CNN to ``path``: input ``input`` [N, 3, 224, 224], output ``logits`` [N, 1000]."""
-    _build_cnn("resnet18", resnet18_module(), Path(path))
+    _build_cnn("resnet18-random", resnet18_module(), Path(path))
 
 
 def build_mobilenetv2(path: Path) -> None:
     """Export the MobileNetV2-style CNN to ``path``: input ``input`` [N, 3, 224, 224], output ``logits``."""
-    _build_cnn("mobilenetv2", mobilenetv2_module(), Path(path))
+    _build_cnn("mobilenetv2-random", mobilenetv2_module(), Path(path))
 
 
 def build_transformer(path: Path) -> None:
@@ -385,7 +385,7 @@ def build_transformer(path: Path) -> None:
             input_names=["input_ids"],
             output_names=["logits"],
             dynamic_axes={"input_ids": {0: "N", 1: "S"}, "logits": {0: "N"}},
-            metadata={"zonnx.zoo": "transformer", "zonnx.seed": str(_SEED)},
+            metadata={"zonnx.zoo": "transformer-random", "zonnx.seed": str(_SEED)},
         )
     logger.info("built %s in %.1f s", path, time.perf_counter() - start)
 

@@ -215,9 +215,9 @@ def test_quantize_static_options() -> None:
 def test_mobilenetv2_pof2_gains_from_cle() -> None:
     """Mean SQNR of the Conv/Gemm outputs on held-out images. (The logits of this random-weight net are
     chaotic, input noise at 60 dB leaves 17 dB there, so output SQNR hides weight-level gains.)"""
-    feeds = zoo.sample_inputs("mobilenetv2", 4)
+    feeds = zoo.sample_inputs("mobilenetv2-random", 4)
     calib, held = feeds[:2], feeds[2:]
-    prepared = to_ir(zonnx.optimize(zoo.get("mobilenetv2")))
+    prepared = to_ir(zonnx.optimize(zoo.get("mobilenetv2-random")))
     assert replace_clip6_relu(prepared) > 30  # ReLU6 blocks equalization; the baseline gets the same model
     relu = to_proto(prepared)
     record = equalize(prepared, steps=4)

@@ -190,8 +190,11 @@ def test_qoperator_is_refused_before_calibration(conv_model: onnx.ModelProto) ->
 def test_mobilenetv2_dpu_adaround_improves_held_out_sqnr() -> None:
     """The random-weight MobileNetV2 overfits fast finetune easily (with 8 images or 20 steps the held-out
     SQNR can fall while the calibration SQNR rises); 16 images and 50 steps gain about 0.15 dB."""
-    src = zoo.get("mobilenetv2")
-    calib, held_out = zoo.sample_inputs("mobilenetv2", 16), zoo.sample_inputs("mobilenetv2", 16, seed=5)
+    src = zoo.get("mobilenetv2-random")
+    calib, held_out = (
+        zoo.sample_inputs("mobilenetv2-random", 16),
+        zoo.sample_inputs("mobilenetv2-random", 16, seed=5),
+    )
     kwargs = target_quantize_kwargs("dpu-b4096")
     extra = dict(kwargs.pop("extra_options"))
     assert extra == {"Target": "dpu-b4096", "BiasCorrection": True}
@@ -245,8 +248,11 @@ def test_max_seconds_leaves_later_layers_alone(conv_model: onnx.ModelProto, capl
 
 
 def test_transformer_matmuls_qdq() -> None:
-    src = zoo.get("transformer")
-    calib, held_out = zoo.sample_inputs("transformer", 8), zoo.sample_inputs("transformer", 16, seed=9)
+    src = zoo.get("transformer-random")
+    calib, held_out = (
+        zoo.sample_inputs("transformer-random", 8),
+        zoo.sample_inputs("transformer-random", 16, seed=9),
+    )
     base = zonnx.quantize_static(src, None, ListReader(calib), activation_type="int8")
     ft = {"NumIterations": 50, "BatchSize": 2}
     tuned = zonnx.quantize_static(

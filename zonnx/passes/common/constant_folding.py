@@ -128,7 +128,11 @@ class StaticInfo:
                 lambda p: onnx.shape_inference.infer_shapes(p, strict_mode=False, data_prop=True), model
             )
         except Exception as e:  # onnx raises several types on graphs it cannot type
-            logger.info("shape inference failed (%s); using the model's own annotations", e)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            _warn_once(
+                f"constant folding: onnx shape inference failed ({first}); Shape/Size/dims are folded "
+                "from the model's own annotations only, so some stay unfolded"
+            )
             return info
         finally:
             for node, attr in swapped:
@@ -330,9 +334,23 @@ def _evaluate(node: ir.Node, arrays: list[np.ndarray | None], opsets: dict[str, 
         return runners[0](node, feeds, opsets)
     except Exception as first:  # either evaluator raises many types for ops it cannot run
         try:
-            return runners[1](node, feeds, opsets)
+            out = runners[1](node, feeds, opsets)
         except Exception:
             raise first from None
+        names = [r.__name__.removeprefix("_run_") for r in runners]
+        reason = (str(first).strip().splitlines() or [type(first).__name__])[0]
+        _warn_once(f"constant folding: {node.op_type} evaluated by {names[1]} ({names[0]} failed: {reason})")
+        return out
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time this process sees it."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning("%s", message)
 
 
 def _make_initializer(graph: ir.Graph, old: ir.Value, tensor: ir.TensorProtocol) -> ir.Value:

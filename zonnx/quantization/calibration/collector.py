@@ -91,8 +91,16 @@ def _first_steps(aug: augment.Augmented, feed: dict[str, np.ndarray], hist_sampl
                 dims[vi.name] = int(np.prod([d.dim_value for d in ds]))
         for i, t in enumerate(aug.measured):
             sizes[i] = dims.get(t, feed[t].size if t in feed else 0)
-    except Exception as e:  # noqa: BLE001 - inference is only a speed-up here
-        logger.debug("shape inference for the first sampling steps failed: %s", e)
+    except Exception as e:  # noqa: BLE001 - inference is only a speed-up here; say what it costs
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        logger.warning(
+            "histogram sampling: shape inference failed on the augmented model (%s); the first "
+            "calibration batch counts every value of every tensor (slower for that batch, same ranges)",
+            first,
+        )
+    unknown = int((sizes <= 0).sum())
+    if unknown and unknown < len(sizes):
+        logger.info("histogram sampling: %d tensors of unknown size count every value in the first batch", unknown)
     return np.where(sizes > 0, _steps(sizes, hist_sample), 1).astype(np.int64)
 
 
