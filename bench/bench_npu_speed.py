@@ -168,7 +168,7 @@ def _npu_session(qpath: Path, target: str, tmp: Path, **extra: str) -> zonnx.Inf
 
 def _kernels(ctx: BenchContext, target: str, qpath: Path, tmp: Path) -> list[Measurement]:
     """The NPU session on the native kernels and on the pure-ONNX lowering, each vs ORT's fastest int8."""
-    x = zoo.sample_inputs("resnet18", 1)[0]["input"]
+    x = zoo.sample_inputs("resnet18-random", 1)[0]["input"]
     fast = session(_fastest_ort_int8(tmp), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     out = []
     sessions = {"onnx": _npu_session(qpath, target, tmp, kernels="onnx")}
@@ -199,14 +199,14 @@ def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measuremen
     """ResNet-18 with 16-bit activations vs its 8-bit program on zhouyi-x2, both NPU sessions (target <= 2x)."""
     path16 = tmp / "int16_zhouyi.onnx"
     zonnx.quantize_static(
-        str(zoo.get("resnet18")),
+        str(zoo.get("resnet18-random")),
         str(path16),
-        ListReader(zoo.sample_inputs("resnet18", 4, seed=1)),
+        ListReader(zoo.sample_inputs("resnet18-random", 4, seed=1)),
         activation_type="int16",
         weight_type="int8",
         extra_options={"Target": "zhouyi-x2"},
     )
-    x = zoo.sample_inputs("resnet18", 1)[0]["input"]
+    x = zoo.sample_inputs("resnet18-random", 1)[0]["input"]
     s16, s8 = _npu_session(path16, "zhouyi-x2", tmp), _npu_session(path8, "zhouyi-x2", tmp)
     ref = _npu_session(path16, "zhouyi-x2", tmp, executor="reference")
     if s16.executor != "ort" or not np.array_equal(

@@ -36,7 +36,7 @@ def _sources(folder: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, Path
     import zonnx.zoo as zoo
 
     pre = folder / "r18_pre.onnx"
-    quant_pre_process(str(zoo.get("resnet18")), str(pre))
+    quant_pre_process(str(zoo.get("resnet18-random")), str(pre))
     out = {}
     for fmt in ("QOperator", "QDQ"):
         out[fmt] = folder / f"r18_{fmt}.onnx"
@@ -70,8 +70,8 @@ def bench_prequant(ctx: BenchContext) -> list[Measurement]:
     from zonnx.build_npu import target_quantize_kwargs
     from zonnx.quantization.calibration.readers import ListReader
 
-    calib = zoo.sample_inputs("resnet18", 8)
-    held = zoo.sample_inputs("resnet18", 16, seed=1)[8:]
+    calib = zoo.sample_inputs("resnet18-random", 8)
+    held = zoo.sample_inputs("resnet18-random", 16, seed=1)[8:]
     forms = FORMS[1:2] if ctx.quick else FORMS
     out: list[Measurement] = []
     with tempfile.TemporaryDirectory() as tmp:

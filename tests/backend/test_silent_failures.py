@@ -37,7 +37,7 @@ def r18_u8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """ResNet-18 quantized by ONNX Runtime itself: u8 activations, the CPU provider's favourite."""
     out = tmp_path_factory.mktemp("u8") / "r18_u8.onnx"
     ort_quantize_static(
-        str(zoo.get("resnet18")), str(out), ListReader(zoo.sample_inputs("resnet18", 2)),
+        str(zoo.get("resnet18-random")), str(out), ListReader(zoo.sample_inputs("resnet18-random", 2)),
         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
     )  # fmt: skip
     return out
@@ -48,7 +48,9 @@ def r18_zhouyi(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("zx") / "r18_zhouyi.onnx"
     kwargs = target_quantize_kwargs("zhouyi-x2")
     kwargs["calibrate_method"] = zonnx.CalibrationMethod.MinMax
-    zonnx.quantize_static(zoo.get("resnet18"), out, ListReader(zoo.sample_inputs("resnet18", 2)), **kwargs)
+    zonnx.quantize_static(
+        zoo.get("resnet18-random"), out, ListReader(zoo.sample_inputs("resnet18-random", 2)), **kwargs
+    )
     return out
 
 
@@ -76,7 +78,7 @@ def test_session_strict_option_and_cache_hit_warn(
     with caplog.at_level(logging.WARNING):
         sess = InferenceSession(r18_u8, providers=NPU, provider_options=[opts, {}])
     assert sess.from_cache and any("is uint8" in r.getMessage() for r in caplog.records)
-    x = zoo.sample_inputs("resnet18", 1)[0]
+    x = zoo.sample_inputs("resnet18-random", 1)[0]
     ref = ort.InferenceSession(str(r18_u8), providers=["CPUExecutionProvider"]).run(None, x)[0]
     np.testing.assert_allclose(sess.run(None, x)[0], ref, atol=1e-5)
 
@@ -95,7 +97,7 @@ def test_zhouyi_resnet_is_one_subgraph(r18_zhouyi: Path) -> None:
     compiled = compile_model(r18_zhouyi, "zhouyi-x2")
     part = compiled.partition
     assert part.num_subgraphs == 1 and part.npu_ops == part.total_ops == 49 and part.mac_share == 1.0
-    x = zoo.sample_inputs("resnet18", 1)[0]
+    x = zoo.sample_inputs("resnet18-random", 1)[0]
     fake = ort.InferenceSession(str(r18_zhouyi), providers=["CPUExecutionProvider"]).run(None, x)[0]
     npu = InferenceSession(compiled.model, providers=NPU).run(None, x)[0]
     assert npu.argmax() == fake.argmax() and np.abs(npu - fake).max() < 0.1

@@ -38,8 +38,8 @@ def ort_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     d = tmp_path_factory.mktemp("prequant")
     pre = d / "r18_pre.onnx"
-    quant_pre_process(str(zoo.get("resnet18")), str(pre))
-    feeds = zoo.sample_inputs("resnet18", 4)
+    quant_pre_process(str(zoo.get("resnet18-random")), str(pre))
+    feeds = zoo.sample_inputs("resnet18-random", 4)
     out = {"float": pre}
     for fmt in ("QOperator", "QDQ"):
         out[fmt] = d / f"r18_{fmt}.onnx"
@@ -69,7 +69,7 @@ def test_import_gives_float_model_with_every_grid(ort_models: dict[str, Path], f
     # the ReLUs ORT folded into u8 zero-point-0 grids come back (17 in ResNet-18)
     assert len(imported.weights) == 21 and len(imported.activations) == 33 and not imported.dynamic
     assert ops["Relu"] == 17 and ops["QuantizeLinear"] == ops["DequantizeLinear"] == 0
-    feed = zoo.sample_inputs("resnet18", 2)[1]
+    feed = zoo.sample_inputs("resnet18-random", 2)[1]
     src, got = _run(ort_models[form], feed), _run(to_proto(model), feed)
     cos = float((src * got).sum() / np.linalg.norm(src) / np.linalg.norm(got))
     assert cos > 0.998, cos  # the float model computes what the source does, up to its rounding
@@ -78,7 +78,7 @@ def test_import_gives_float_model_with_every_grid(ort_models: dict[str, Path], f
 def test_qdq_to_zhouyi_keeps_every_grid_and_the_source_outputs(ort_models: dict[str, Path], tmp_path) -> None:
     """zhouyi-x2 takes ORT's grids as they are: nothing snapped, the output equals the source's."""
     out = tmp_path / "z.onnx"
-    res = quantize_static(ort_models["QDQ"], out, ListReader(zoo.sample_inputs("resnet18", 2)),
+    res = quantize_static(ort_models["QDQ"], out, ListReader(zoo.sample_inputs("resnet18-random", 2)),
                           **target_quantize_kwargs("zhouyi-x2"))  # fmt: skip
     counts = res.prequant.counts()
     assert counts == {"activation kept": 33, "weight kept": 21}, counts
@@ -116,7 +116,7 @@ def test_dynamic_needs_calibration_data(ort_models: dict[str, Path], tmp_path) -
 
 
 def test_dynamic_to_bm1684x_with_data(ort_models: dict[str, Path], tmp_path) -> None:
-    res = quantize_static(ort_models["dynamic"], tmp_path / "d.onnx", ListReader(zoo.sample_inputs("resnet18", 4)),
+    res = quantize_static(ort_models["dynamic"], tmp_path / "d.onnx", ListReader(zoo.sample_inputs("resnet18-random", 4)),
                           **target_quantize_kwargs("bm1684x"))  # fmt: skip
     rep = res.prequant
     assert rep.form == "dynamic" and rep.counts()["activation calibrated"] == 33
@@ -140,7 +140,7 @@ def test_dynamic_to_qdq_pass_keeps_each_op_exact(ort_models: dict[str, Path]) ->
     first = next(n for n in src.graph.node if n.op_type == "ConvInteger")
     mul = next(n for n in src.graph.node if n.op_type == "Mul" and any(
         c.output[0] in n.input for c in src.graph.node if c.op_type == "Cast" and first.output[0] in c.input))  # fmt: skip
-    feed = zoo.sample_inputs("resnet18", 1)[0]
+    feed = zoo.sample_inputs("resnet18-random", 1)[0]
     for m in (src, out):
         m.graph.output.append(onnx.helper.make_tensor_value_info(mul.output[0], onnx.TensorProto.FLOAT, None))
     a = ort.InferenceSession(src.SerializeToString()).run([mul.output[0]], feed)[0]
@@ -157,7 +157,7 @@ def test_requantize_calibrates_from_scratch(ort_models: dict[str, Path], tmp_pat
     with pytest.raises(OptionError, match="no range in the pre-quantized model"):
         quantize_static(ort_models["QDQ"], tmp_path / "r.onnx", None, **kwargs)
     res = quantize_static(
-        ort_models["QDQ"], tmp_path / "r.onnx", ListReader(zoo.sample_inputs("resnet18", 4)), **kwargs
+        ort_models["QDQ"], tmp_path / "r.onnx", ListReader(zoo.sample_inputs("resnet18-random", 4)), **kwargs
     )
     counts = res.prequant.counts()
     assert (
