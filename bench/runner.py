@@ -336,6 +336,12 @@ REGISTRY: dict[str, Benchmark] = {
             "optimize --verify, compile and an NPU session",
         ),
         Benchmark(
+            "cache_hash",
+            "bench.bench_cache_hash:bench_cache_hash",
+            "sha256 content key of a 604 MB external-data model (the NPU cache's source identity) vs ORT "
+            "session creation on the same file",
+        ),
+        Benchmark(
             "zoo_ort",
             "bench.bench_zoo_ort:bench_zoo_ort",
             "ORT float throughput of the CNN zoo models, graph optimizations off vs ORT default",
