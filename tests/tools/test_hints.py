@@ -17,15 +17,27 @@ from zonnx.tools.main import app
 _ROOT = Path(__file__).resolve().parents[2]
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_-]*[a-z0-9])")
 #: flags of other programs that messages may name, with the program
-_FOREIGN = {"--no-deps": "pip"}
+_FOREIGN = {"--no-deps": "pip", "--only-binary": "pip"}
 
 
 def _parser_flags() -> set[str]:
+    """Options of every zonnx command, of the root command, and of the setup scripts' argparse parsers."""
     root = typer.main.get_command(app)
-    flags = {"--help", "-h"}
+    flags = {"--help", "-h"} | _argparse_flags(_ROOT / "tools" / "build_native.py")
     for command in [root, *root.commands.values()]:
         for param in command.params:
             flags.update(o for o in [*param.opts, *param.secondary_opts] if o.startswith("--"))
+    return flags
+
+
+def _argparse_flags(path: Path) -> set[str]:
+    """The ``add_argument("--x", ...)`` flags of a script, read from its source."""
+    flags = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            flags.update(
+                a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")
+            )
     return flags
 
 
