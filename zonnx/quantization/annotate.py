@@ -8,7 +8,9 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
   activation, constant B weight (per channel on the last axis), variable B activation (unless
   MatMulConstBOnly).
 - Add, Sub, Mul, Div, and the other arithmetic/nonlinear ops: float inputs and outputs activations
-  (constant inputs as per-tensor weights). Softmax and Sigmoid outputs get the fixed range [0, 1].
+  (constant inputs as per-tensor weights). Softmax outputs get the fixed range [0, 1] (as in ORT;
+  Sigmoid outputs keep their calibrated range, also as in ORT).
+- Pad (QDQ; in QOperator output it is a latent op): input quantized; output shares its scale for edge/reflect/wrap or zero padding, else its own.
 - "Latent" ops that only move or select values (Reshape, Transpose, MaxPool, Resize, Slice, ...):
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
   the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
@@ -47,12 +49,13 @@ LATENT_OPS = {
     "Slice",
     "Gather",
     "Split",
-    "Pad",
     "DepthToSpace",
     "SpaceToDepth",
     "Identity",
     "Expand",
     "Tile",
+    "TopK",
+    "GatherElements",
 }
 #: Default op types quantized when the user does not choose: ORT's QLinear and QDQ registries (so results
 #: match ORT's for the same call) plus the value-moving ops, which share their input's scale and so add no
@@ -62,11 +65,11 @@ LATENT_OPS = {
 QUANTIZABLE_OPS = frozenset(
     set(_LINEAR) | LATENT_OPS | {"Add", "Mul", "Gemm", "MatMul", "Relu", "Clip", "LeakyRelu", "Sigmoid",
                                  "Softmax", "AveragePool", "GlobalAveragePool", "Concat", "ArgMax", "Where",
-                                 "InstanceNormalization", "LayerNormalization"}
+                                 "InstanceNormalization", "LayerNormalization", "Pad"}
 )
 _REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
 _FUSES_ACTIVATION = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
-_UNIT_RANGE_OUTPUTS = {"Softmax", "Sigmoid"}
+_UNIT_RANGE_OUTPUTS = {"Softmax"}  # ORT's rule; Sigmoid outputs keep their calibrated range
 #: How far below its maximum a Softmax input's quantization range reaches. Softmax depends only on
 #: differences from the row's maximum, and exp(-32) is 1e-14 of the top term, so values further down
 #: may be clipped for free. The attention-mask trap is the reason: "(1 - mask) * -10000" added to the
@@ -80,6 +83,8 @@ _DATA_INPUTS = {
     "Tile": (0,),
     "Slice": (0,),
     "Gather": (0,),
+    "GatherElements": (0,),
+    "TopK": (0,),
     "Split": (0,),
     "Pad": (0,),
     "Resize": (0,),
@@ -111,6 +116,7 @@ class AnnotateConfig:
     node_activation: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     node_weight: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     placement: str = "ort"
+    qoperator: bool = False  # QOperator output: Pad is a latent op (ORT's QLinear registry)
 
 
 def _is_float(v: ir.Value | None) -> bool:
@@ -218,7 +224,10 @@ class _Annotator:
                 self._weight(node, ins[1], rank - 1)
             else:
                 self._act(node, ins[1])
-        elif op in LATENT_OPS:
+        elif op == "Pad" and not self.cfg.qoperator:
+            self._pad(node, ins)
+            return
+        elif op in LATENT_OPS or op == "Pad":
             src = ins[0]
             if src is None or (
                 src.name not in self.plan.tensors and not self.cfg.force_quantize_no_input_check
@@ -244,6 +253,28 @@ class _Annotator:
                         if op == "Softmax" and v is not None and v.name in self.plan.tensors:
                             self.plan.tensors[v.name].softmax_span = SOFTMAX_SPAN
         self._output(node)
+        self.plan.quantized_nodes.append(node.name)
+
+    def _pad(self, node: ir.Node, ins: list[ir.Value | None]) -> None:
+        """Pad (ORT's rule): input always quantized; the output shares its scale when padding only copies
+        input values or zeros (edge/reflect/wrap, constant 0), else gets its own; a constant pad value
+        is stored quantized like a weight with the activation type."""
+        src = ins[0]
+        self._act(node, src)
+        value = ins[2] if len(ins) > 2 else None
+        if value is not None and _is_const(value) and _is_float(value):
+            self.plan.add(TensorPlan(value.name, Role.WEIGHT, dataclasses.replace(self._act_spec(node), axis=None)))
+            pad_value = float(value.const_value.numpy().reshape(-1)[0]) if value.const_value.size else 0.0
+        elif value is not None:
+            pad_value = None  # computed at run time
+        else:
+            pad_value = node.attributes.get_float("value", 0.0)
+        mode = node.attributes.get_string("mode", "constant")
+        same = mode in ("reflect", "edge", "wrap") or (mode == "constant" and pad_value == 0.0)
+        self._output(node)
+        out = node.outputs[0]
+        if same and src is not None and src.name in self.plan.tensors and out.name in self.plan.tensors:
+            self.plan.share(src.name, out.name)
         self.plan.quantized_nodes.append(node.name)
 
     def _input_fused(self, v: ir.Value | None) -> bool:

@@ -21,7 +21,8 @@ from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig, annotat
 from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
 from zonnx.quantization.options import parse_extra_options
-from zonnx.quantization.plan import QuantPlan
+from zonnx.quantization.formats.typed_params import store_qparams_typed
+from zonnx.quantization.plan import QuantPlan, Role
 from zonnx.quantization.sample_keeper import SampleKeeper
 from zonnx.quantization.schemes import QuantSpec, qdtype
 
@@ -157,6 +158,10 @@ def _check_node_names(model: ir.Model, cfg: QuantConfig) -> None:
                 )
 
 
+def _int_type(type_name: str) -> str:
+    return type_name if type_name != "bfloat16" else "int8"
+
+
 def _spec(type_name: str, symmetric: bool, restricted: bool | None, cfg: QuantConfig) -> QuantSpec:
     """Symmetric signed types default to the restricted range (ORT); power of two keeps the full range."""
     dtype = qdtype(type_name if type_name != "bfloat16" else "int8")
@@ -168,10 +173,22 @@ def _spec(type_name: str, symmetric: bool, restricted: bool | None, cfg: QuantCo
 
 def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
     extra = cfg.extra
-    act = _spec(cfg.activation_type, extra.activation_symmetric, extra.activation_restricted_range, cfg)
+    act = dataclasses.replace(
+        _spec(cfg.activation_type, extra.activation_symmetric, extra.activation_restricted_range, cfg),
+        snap_zero_point=extra.activation_restricted_asymmetric,
+        min_real_range=extra.minimum_real_range,
+    )
     wt = dataclasses.replace(
-        _spec(cfg.weight_type, extra.weight_symmetric, extra.weight_restricted_range, cfg),
+        _spec(
+            cfg.weight_type,
+            qdtype(_int_type(cfg.weight_type)).signed
+            if extra.weight_symmetric is None
+            else extra.weight_symmetric,
+            extra.weight_restricted_range,
+            cfg,
+        ),
         reduce_range=cfg.reduce_range,
+        min_real_range=extra.minimum_real_range,
     )
     excluded = set(cfg.nodes_to_exclude) | nodes_between(model, cfg.input_nodes, cfg.output_nodes)
     node_act, node_wt = {}, {}
@@ -204,6 +221,7 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
         node_activation=node_act,
         node_weight=node_wt,
         placement=extra.quant_placement,
+        qoperator=cfg.quant_format == QuantFormat.QOperator,
     )
 
 
@@ -345,10 +363,13 @@ def quantize_static(
         )
     _check_node_names(model, cfg)
     plan = annotate(model, _annotate_config(model, cfg))
-    if not plan.tensors:
-        raise OptionError(
-            "nothing to quantize: no node matched op_types_to_quantize / nodes_to_quantize "
-            f"(skipped: {dict(list(plan.skipped.items())[:5])})."
+    if not cfg.extra.quantize_bias:
+        for name in [n for n, tp in plan.tensors.items() if tp.role is Role.BIAS]:
+            del plan.tensors[name]
+    if not plan.tensors:  # ORT writes the model unchanged; so does zonnx, and says why
+        logger.warning(
+            "nothing to quantize: no node was selected (%s); the model is written without quantization.",
+            "; ".join(f"{k}: {v}" for k, v in list(plan.skipped.items())[:5]) or "the graph has no nodes",
         )
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
@@ -388,6 +409,7 @@ def quantize_static(
             recovery.recover_quantized(model, float_model, feeds, cfg, target, calibration_providers)
         )
     proto = to_proto(model)
+    store_qparams_typed(proto)
     if isinstance(model_input, str | Path):  # for `zonnx run --compare golden` on the compiled model
         kept = [p for p in proto.metadata_props if p.key != "zonnx.float_source"]
         del proto.metadata_props[:]

@@ -67,8 +67,6 @@ def _method_options(cfg: QuantConfig, name: str) -> dict[str, Any]:
 def _range(stats: TensorStats, tp: TensorPlan, cfg: QuantConfig, name: str) -> tuple[float, float]:
     qmin, qmax = tp.spec.qrange()
     lo, hi = compute_range(stats, name, qmin=qmin, qmax=qmax, **_method_options(cfg, name))
-    if cfg.extra.minimum_real_range is not None and hi - lo < cfg.extra.minimum_real_range:
-        hi = lo + cfg.extra.minimum_real_range
     return lo, hi
 
 
