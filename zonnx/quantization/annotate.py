@@ -160,7 +160,10 @@ class _Annotator:
         base = self.cfg.node_weight.get(node.name, self.cfg.weight)
         if self.cfg.per_channel and axis is not None:
             axis = self.cfg.per_channel_axis.get(node.op_type, axis)
-            return dataclasses.replace(base, axis=axis)
+            # ORT: per-channel weights are symmetric (QLinear kernels need one zero point for all channels)
+            return dataclasses.replace(
+                base, axis=axis, symmetric=True, restricted=base.dtype.signed and not base.power_of_two
+            )
         return dataclasses.replace(base, axis=None)
 
     # -- marking -------------------------------------------------------------------------------

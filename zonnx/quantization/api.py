@@ -362,7 +362,15 @@ def quantize_static(
             model, calibration_data_reader, cfg.extra, providers=calibration_providers
         )
     _check_node_names(model, cfg)
+    if cfg.extra.tensor_quant_overrides:  # checked against the model before calibration
+        from zonnx.quantization.overrides import parse_tensor_overrides
+
+        overrides = parse_tensor_overrides(cfg.extra.tensor_quant_overrides, model)
     plan = annotate(model, _annotate_config(model, cfg))
+    if cfg.extra.tensor_quant_overrides:
+        from zonnx.quantization.overrides import apply_tensor_overrides
+
+        apply_tensor_overrides(plan, overrides)
     if not cfg.extra.quantize_bias:
         for name in [n for n, tp in plan.tensors.items() if tp.role is Role.BIAS]:
             del plan.tensors[name]

@@ -164,6 +164,19 @@ def calibrate_plan(
         save_stats(cfg.extra.save_stats, stats, float_model, methods=[name])
     for group in plan.groups():
         members = [plan.tensors[n] for n in group]
+        fixed = next((tp.fixed_params for tp in members if tp.fixed_params is not None), None)
+        if fixed is not None:  # the user's scale and zero point hold for the whole shared group
+            for tp in members:
+                tp.params = dataclasses.replace(fixed)
+            continue
+        pinned = [tp for tp in members if tp.name in plan.overridden and tp.fixed_range is not None]
+        if pinned:
+            members_range = pinned[0].fixed_range  # an override's range wins over the group's union
+            params = params_from_range(members_range[0], members_range[1], pinned[0].spec)
+            for tp in members:
+                tp.rmin, tp.rmax = members_range
+                tp.params = dataclasses.replace(params) if tp.spec == pinned[0].spec else _respec(params, tp)
+            continue
         member_stats = [(tp, _fixed_stats(tp) if tp.fixed_range else stats.get(tp.name)) for tp in members]
         member_stats = [(tp, s) for tp, s in member_stats if s is not None and s.batches > 0]
         if not member_stats:
@@ -224,6 +237,10 @@ def _weight_stats(name: str, w: np.ndarray, bins: int) -> TensorStats:
 def _weight_params(tp: TensorPlan, w: np.ndarray, cfg: QuantConfig) -> QuantParams:
     spec = tp.spec
     qmin, qmax = spec.qrange()
+    if tp.fixed_params is not None:
+        return tp.fixed_params
+    if tp.fixed_range is not None:  # TensorQuantOverrides rmin/rmax (per channel: arrays)
+        return params_from_range(tp.fixed_range[0], tp.fixed_range[1], spec, spec.axis)
     if spec.power_of_two:
         return pof2_params(pof2.weight_diffs_pos(w, qmin, qmax), spec)
     method = cfg.weight_method

@@ -20,8 +20,12 @@ _MAX_ELEMENTS = 1 << 16
 
 def store_qparams_typed(model: onnx.ModelProto) -> int:
     """Rewrite every Q/DQ (and QOperator) scale and zero-point initializer from raw_data to its typed field; returns the count."""
+    int32_zp = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT32}
     names = {n for node in model.graph.node if node.op_type in _Q_OPS for n in node.input[1:3] if n}
     names |= {i.name for i in model.graph.initializer if i.name.endswith(("_scale", "_zero_point"))}
+    for node in model.graph.node:  # int32 bias parameters stay in raw_data, as ORT writes them
+        if node.op_type in _Q_OPS and len(node.input) > 2 and node.input[2] in int32_zp:
+            names -= set(node.input[1:3])
     count = 0
     for i, init in enumerate(model.graph.initializer):
         if init.name not in names or not init.HasField("raw_data") or init.data_location == onnx.TensorProto.EXTERNAL:
