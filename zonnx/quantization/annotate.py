@@ -15,8 +15,11 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
   the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
 - Softmax inputs: the range reaches at most ``SOFTMAX_SPAN`` below the maximum (the attention mask).
-- A Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused: the
-  intermediate tensor gets no quantization of its own (QDQKeepRemovableActivations turns that off).
+- A Relu/Clip whose input is quantized and read by it alone, with asymmetric activations and no
+  target (ORT's rule): the node is removed, its input takes its name and the quantization of its
+  output, whose saturation does the clipping (``plan.removed``; QDQKeepRemovableActivations keeps it).
+- With a target: a Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused:
+  the intermediate tensor gets no quantization of its own.
 - Everything else stays float; the plan records why for each node.
 
 That is the "ort" placement. Under the "kernels" placement (``placement.py``) only the inputs that
@@ -112,6 +115,11 @@ class AnnotateConfig:
     force_quantize_no_input_check: bool = False
     exclude_output_op_types: frozenset[str] = frozenset()
     keep_removable_activations: bool = False
+    #: ORT's rule for a Relu/Clip whose input is quantized (asymmetric activations, no target): the node
+    #: is removed and its input takes its name and its quantization (``plan.removed``)
+    remove_activations: bool = False
+    #: with a target: a Relu/Clip after Conv/Gemm/MatMul/Add leaves the tensor between them float
+    fuse_activations: bool = False
     per_channel_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
     node_activation: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     node_weight: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
@@ -187,7 +195,11 @@ class _Annotator:
                 self.plan.tensors[out.name].fixed_range = (0.0, 1.0)
 
     def _fused_activation(self, node: ir.Node, out: ir.Value) -> bool:
-        if self.cfg.keep_removable_activations or node.op_type not in _FUSES_ACTIVATION:
+        if (
+            self.cfg.keep_removable_activations
+            or not self.cfg.fuse_activations
+            or node.op_type not in _FUSES_ACTIVATION
+        ):
             return False
         users = _consumers(out)
         return (
@@ -229,6 +241,14 @@ class _Annotator:
                 self._act(node, ins[1])
         elif op == "Pad" and not self.cfg.qoperator:
             self._pad(node, ins)
+            return
+        elif op in _REMOVABLE_ACTIVATIONS and self._removable(node):
+            src = ins[0]
+            assert src is not None
+            self.plan.tensors.pop(src.name)  # quantized at the activation's output instead
+            self.plan.removed[node.name] = (src.name, node.outputs[0].name)
+            self._output(node)
+            self.plan.quantized_nodes.append(node.name)
             return
         elif op in LATENT_OPS or op == "Pad":
             src = ins[0]
@@ -279,6 +299,24 @@ class _Annotator:
         if same and src is not None and src.name in self.plan.tensors and out.name in self.plan.tensors:
             self.plan.share(src.name, out.name)
         self.plan.quantized_nodes.append(node.name)
+
+    def _removable(self, node: ir.Node) -> bool:
+        """ORT's removable activation: its input is quantized, read only by it, and not a graph input or
+        output; its output is quantized (so the quantizer's saturation does the clipping)."""
+        src = node.inputs[0] if node.inputs else None
+        return (
+            self.cfg.remove_activations
+            and not self.cfg.keep_removable_activations
+            and src is not None
+            and src.name in self.plan.tensors
+            and self.plan.tensors[src.name].role is Role.ACTIVATION
+            and len(_consumers(src)) == 1
+            and id(src) not in self.graph_outputs
+            and not src.is_graph_input()
+            and src.producer() is not None
+            and node.op_type not in self.cfg.exclude_output_op_types
+            and all(_is_const(v) for v in node.inputs[1:] if v is not None)
+        )
 
     def _input_fused(self, v: ir.Value | None) -> bool:
         producer = v.producer() if v is not None else None

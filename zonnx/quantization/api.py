@@ -222,6 +222,11 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
         node_weight=node_wt,
         placement=extra.quant_placement,
         qoperator=cfg.quant_format == QuantFormat.QOperator,
+        remove_activations=not extra.activation_symmetric
+        and not cfg.power_of_two
+        and not extra.target
+        and extra.quant_placement == "ort",
+        fuse_activations=bool(extra.target) or cfg.power_of_two,
     )
 
 
@@ -403,6 +408,10 @@ def quantize_static(
         progress=progress,
     )
     weight_and_bias_params(model, plan, cfg)
+    if plan.removed:
+        from zonnx.quantization.formats.remove_activations import remove_activations
+
+        remove_activations(model, plan.removed)
     counts, opset = write_model(model, plan, cfg)
     refinement = None
     if target is not None:

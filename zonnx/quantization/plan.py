@@ -54,6 +54,8 @@ class QuantPlan:
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     #: tensors whose range the user fixed (TensorQuantOverrides rmin/rmax): it wins over their group's union
     overridden: set[str] = dataclasses.field(default_factory=set)
+    #: Relu/Clip nodes to remove (ORT's removable activations): node name -> (input name, output name)
+    removed: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     _parent: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def add(self, tp: TensorPlan) -> TensorPlan:
