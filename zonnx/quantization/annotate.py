@@ -178,11 +178,23 @@ class _Annotator:
     def _act(self, node: ir.Node, v: ir.Value | None) -> None:
         if _is_float(v) and v is not None and not _is_const(v):
             edge = frozenset({node.name}) if self.cfg.placement == "kernels" else None
-            self.plan.add(TensorPlan(v.name, Role.ACTIVATION, self._act_spec(node), consumers=edge))
+            self.plan.add(
+                TensorPlan(
+                    v.name,
+                    Role.ACTIVATION,
+                    self._act_spec(node),
+                    consumers=edge,
+                    float16=v.dtype == ir.DataType.FLOAT16,
+                )
+            )
 
     def _weight(self, node: ir.Node, v: ir.Value | None, axis: int | None) -> None:
         if _is_float(v) and v is not None and _is_const(v):
-            self.plan.add(TensorPlan(v.name, Role.WEIGHT, self._weight_spec(node, axis)))
+            self.plan.add(
+                TensorPlan(
+                    v.name, Role.WEIGHT, self._weight_spec(node, axis), float16=v.dtype == ir.DataType.FLOAT16
+                )
+            )
 
     def _output(self, node: ir.Node) -> None:
         if self.cfg.placement == "kernels" or node.op_type in self.cfg.exclude_output_op_types:

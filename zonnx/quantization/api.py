@@ -385,7 +385,16 @@ def quantize_static(
             "; ".join(f"{k}: {v}" for k, v in list(plan.skipped.items())[:5]) or "the graph has no nodes",
         )
     float_model = to_proto(model)
-    stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
+    stats_path = cfg.extra.load_stats
+    cache = cached = None
+    if calibration_cache_path is not None and not stats_path:
+        from zonnx.quantization.calibration.ort_cache import CalibrationCache
+
+        cache = CalibrationCache.open(calibration_cache_path, cfg.calibrate_method, cfg.extra.smooth_quant)
+        if cache.is_zonnx_stats():  # a zonnx SaveStats file: its statistics, as before
+            stats_path, cache = str(calibration_cache_path), None
+        else:
+            cached = cache.load()
     fast_ft = cfg.extra.fast_finetune if cfg.extra.include_fast_ft else None
     if fast_ft is not None and calibration_data_reader is None:
         raise OptionError(
@@ -406,7 +415,10 @@ def quantize_static(
         providers=calibration_providers,
         stats_path=stats_path,
         progress=progress,
+        cached_ranges=cached,
     )
+    if cache is not None and cached is None:
+        cache.save({n: (tp.rmin, tp.rmax) for n, tp in plan.tensors.items() if tp.rmin is not None})
     weight_and_bias_params(model, plan, cfg)
     if plan.removed:
         from zonnx.quantization.formats.remove_activations import remove_activations

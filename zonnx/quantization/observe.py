@@ -115,10 +115,24 @@ def calibrate_plan(
     providers: Sequence[str] | None = None,
     stats_path: str | None = None,
     progress: Callable[[int], None] | None = None,
+    cached_ranges: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, TensorStats]:
-    """Fill ``params`` of every activation in the plan; returns the statistics used."""
+    """Fill ``params`` of every activation in the plan; returns the statistics used.
+
+    ``cached_ranges`` (ORT's calibration cache) gives every activation its range without calibrating.
+    """
     name = activation_method(cfg)
     wanted = [n for n in plan.activations() if plan.tensors[n].fixed_range is None]
+    if cached_ranges is not None:
+        missing = [n for n in wanted if n not in cached_ranges]
+        if missing:
+            raise OptionError(
+                f"calibration_cache_path: no range for {len(missing)} tensor(s) of this plan, e.g. "
+                f"{missing[0]!r}; delete the cache to calibrate again."
+            )
+        for n in wanted:
+            plan.tensors[n].fixed_range = cached_ranges[n]
+        wanted = []
     if cfg.extra.load_calibration_table:
         _ranges_from_table(plan, cfg.extra.load_calibration_table, wanted)
         wanted = []

@@ -43,6 +43,7 @@ class TensorPlan:
     softmax_span: float | None = None
     #: parameters given by the user (TensorQuantOverrides scale/zero_point): used instead of calibration
     fixed_params: QuantParams | None = None
+    float16: bool = False  # the tensor is float16 in the model (scales are written as float16)
 
 
 @dataclasses.dataclass

@@ -1,5 +1,7 @@
 """QDQ writer: standard QuantizeLinear/DequantizeLinear around every planned tensor.
 
+- Tensors that share one scale (a latent op's input and output) share one scale and one zero-point
+  initializer, named after the first of them (as ORT writes them).
 - Activation T: ``Q(T) -> DQ -> consumers`` (every consumer, so float consumers see what an
   integer producer would write; only the planned consumers under the "kernels" placement); a graph
   output keeps its name.
@@ -7,6 +9,8 @@
   ``AddQDQPairToWeight`` the float weight stays and gets a Q/DQ pair instead.
 - Bias B: int32 codes at s_X * s_W with a DequantizeLinear.
 - bfloat16 "quantization" of a tensor is a Cast pair (to bfloat16 and back to float).
+
+A float16 tensor gets float16 scales and a float16 DequantizeLinear output (opset 19+).
 
 The opset must allow what is used: per-channel needs 13, 16-bit and 4-bit types need 21; the
 caller upgrades the model first (``required_opset``).
@@ -45,16 +49,29 @@ def required_opset(plan: QuantPlan) -> int:
     for tp in plan.tensors.values():
         if tp.params is not None:
             need = max(need, tp.params.dtype.min_opset)
+            if tp.float16:  # QuantizeLinear/DequantizeLinear take float16 from opset 19
+                need = max(need, 19)
     return need
 
 
 def _qdq_nodes(
-    index: ValueIndex, graph: ir.Graph, name: str, params: QuantParams, src: ir.Value, pair: bool
+    index: ValueIndex,
+    graph: ir.Graph,
+    name: str,
+    params: QuantParams,
+    src: ir.Value,
+    pair: bool,
+    float_type: ir.DataType = ir.DataType.FLOAT,
+    shared: tuple[ir.Value, ir.Value] | None = None,
 ) -> tuple[list[ir.Node], ir.Value]:
-    scale = add_initializer(graph, index, f"{name}_scale", np.asarray(params.scale, np.float32))
-    zp = add_initializer(
-        graph, index, f"{name}_zero_point", np.asarray(params.zero_point), _IR_TYPES[params.dtype.name]
-    )
+    np_float = np.float16 if float_type == ir.DataType.FLOAT16 else np.float32
+    if shared is not None:
+        scale, zp = shared
+    else:
+        scale = add_initializer(graph, index, f"{name}_scale", np.asarray(params.scale, np_float))
+        zp = add_initializer(
+            graph, index, f"{name}_zero_point", np.asarray(params.zero_point), _IR_TYPES[params.dtype.name]
+        )
     attrs = {"axis": params.axis} if params.axis is not None else {}
     nodes: list[ir.Node] = []
     codes = src
@@ -72,7 +89,7 @@ def _qdq_nodes(
         codes = q_out
     dq_out = ir.Value(
         name=index.unique(f"{name}_DequantizeLinear_Output"),
-        type=ir.TensorType(ir.DataType.FLOAT),
+        type=ir.TensorType(float_type),
         shape=src.shape,
     )
     nodes.append(
@@ -87,22 +104,45 @@ def _qdq_nodes(
     return nodes, dq_out
 
 
-def _write_tensor(graph: ir.Graph, index: ValueIndex, tp: TensorPlan, add_pair_to_weight: bool) -> None:
+def _same(a: QuantParams, b: QuantParams) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.axis == b.axis
+        and np.array_equal(a.scale, b.scale)
+        and np.array_equal(a.zero_point, b.zero_point)
+    )
+
+
+def _write_tensor(
+    graph: ir.Graph,
+    index: ValueIndex,
+    tp: TensorPlan,
+    add_pair_to_weight: bool,
+    group: dict[str, tuple[QuantParams, ir.DataType, tuple[ir.Value, ir.Value]]],
+    root: str,
+) -> None:
     value = index[tp.name]
     params = tp.params
     assert params is not None, f"tensor {tp.name} has no parameters"
+    ftype = ir.DataType.FLOAT16 if value.dtype == ir.DataType.FLOAT16 else ir.DataType.FLOAT
     if tp.role is Role.ACTIVATION or (tp.role is Role.WEIGHT and add_pair_to_weight):
-        insert_on_value(
-            graph,
-            value,
-            lambda v: _qdq_nodes(index, graph, tp.name, params, v, pair=True),
-            consumer_nodes(value, tp.consumers),
-        )
+        first = group.get(root)
+        shared = first[2] if first is not None and first[1] == ftype and _same(first[0], params) else None
+
+        def build(v: ir.Value) -> tuple[list[ir.Node], ir.Value]:
+            nodes, out = _qdq_nodes(index, graph, tp.name, params, v, pair=True, float_type=ftype, shared=shared)
+            if root not in group and tp.role is Role.ACTIVATION:
+                group[root] = (params, ftype, (nodes[0].inputs[1], nodes[0].inputs[2]))
+            return nodes, out
+
+        insert_on_value(graph, value, build, consumer_nodes(value, tp.consumers))
         return
     array = np.asarray(value.const_value.numpy(), np.float32)
     codes = quantize(array, params)
     stored = add_initializer(graph, index, f"{tp.name}_quantized", codes, _IR_TYPES[params.dtype.name])
-    insert_on_value(graph, value, lambda _v: _qdq_nodes(index, graph, tp.name, params, stored, pair=False))
+    insert_on_value(
+        graph, value, lambda _v: _qdq_nodes(index, graph, tp.name, params, stored, pair=False, float_type=ftype)
+    )
 
 
 def write_qdq(model: ir.Model, plan: QuantPlan, *, add_qdq_pair_to_weight: bool = False) -> Counter[str]:
@@ -110,10 +150,11 @@ def write_qdq(model: ir.Model, plan: QuantPlan, *, add_qdq_pair_to_weight: bool 
     graph = model.graph
     index = ValueIndex(graph)
     counts: Counter[str] = Counter()
+    groups: dict[str, tuple[QuantParams, ir.DataType, tuple[ir.Value, ir.Value]]] = {}
     for tp in plan.tensors.values():
         if tp.params is None or tp.name not in index:
             continue
-        _write_tensor(graph, index, tp, add_qdq_pair_to_weight)
+        _write_tensor(graph, index, tp, add_qdq_pair_to_weight, groups, plan.find(tp.name))
         counts[tp.role.value] += 1
     for name, v in list(graph.initializers.items()):
         if not v.uses() and not v.is_graph_output():
