@@ -10,6 +10,8 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
 - Add, Sub, Mul, Div, and the other arithmetic/nonlinear ops: float inputs and outputs activations
   (constant inputs as per-tensor weights). Softmax outputs get the fixed range [0, 1] (as in ORT;
   Sigmoid outputs keep their calibrated range, also as in ORT).
+- GlobalAveragePool and Where: quantized only when their data input already is (ORT's rule;
+  ForceQuantizeNoInputCheck overrides), with their own output scale.
 - Pad (QDQ; in QOperator output it is a latent op): input quantized; output shares its scale for edge/reflect/wrap or zero padding, else its own.
 - "Latent" ops that only move or select values (Reshape, Transpose, MaxPool, Resize, Slice, ...):
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
@@ -71,6 +73,9 @@ QUANTIZABLE_OPS = frozenset(
                                  "InstanceNormalization", "LayerNormalization", "Pad"}
 )
 _REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
+#: Ops quantized only when their data input already is (or ForceQuantizeNoInputCheck), with their own
+#: output scale (ORT's QGlobalAveragePool and QDQWhere rules): op -> index of that data input.
+_NEEDS_QUANTIZED_INPUT = {"GlobalAveragePool": 0, "Where": 1}
 _FUSES_ACTIVATION = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
 _UNIT_RANGE_OUTPUTS = {"Softmax"}  # ORT's rule; Sigmoid outputs keep their calibrated range
 #: How far below its maximum a Softmax input's quantization range reaches. Softmax depends only on
@@ -254,6 +259,9 @@ class _Annotator:
         elif op == "Pad" and not self.cfg.qoperator:
             self._pad(node, ins)
             return
+        elif op in _NEEDS_QUANTIZED_INPUT and not self._input_quantized(node, _NEEDS_QUANTIZED_INPUT[op]):
+            self.plan.skipped[node.name] = "input is not quantized"
+            return
         elif op in _REMOVABLE_ACTIVATIONS and self._removable(node):
             src = ins[0]
             assert src is not None
@@ -311,6 +319,10 @@ class _Annotator:
         if same and src is not None and src.name in self.plan.tensors and out.name in self.plan.tensors:
             self.plan.share(src.name, out.name)
         self.plan.quantized_nodes.append(node.name)
+
+    def _input_quantized(self, node: ir.Node, index: int) -> bool:
+        v = node.inputs[index] if len(node.inputs) > index else None
+        return self.cfg.force_quantize_no_input_check or (v is not None and v.name in self.plan.tensors)
 
     def _removable(self, node: ir.Node) -> bool:
         """ORT's removable activation: its input is quantized, read only by it, and not a graph input or
