@@ -10,7 +10,7 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
 - Add, Sub, Mul, Div, and the other arithmetic/nonlinear ops: float inputs and outputs activations
   (constant inputs as per-tensor weights). Softmax outputs get the fixed range [0, 1] (as in ORT;
   Sigmoid outputs keep their calibrated range, also as in ORT).
-- GlobalAveragePool and Where: quantized only when their data input already is (ORT's rule;
+- GlobalAveragePool, Where, and without a target Relu and Clip: quantized only when their data input already is (ORT's rule;
   ForceQuantizeNoInputCheck overrides), with their own output scale.
 - Pad (QDQ; in QOperator output it is a latent op): input quantized; output shares its scale for edge/reflect/wrap or zero padding, else its own.
 - "Latent" ops that only move or select values (Reshape, Transpose, MaxPool, Resize, Slice, ...):
@@ -175,7 +175,7 @@ class _Annotator:
             axis = self.cfg.per_channel_axis.get(node.op_type, axis)
             # ORT: per-channel weights are symmetric (QLinear kernels need one zero point for all channels)
             return dataclasses.replace(
-                base, axis=axis, symmetric=True, restricted=base.dtype.signed and not base.power_of_two
+                base, axis=axis, symmetric=True, restricted=base.dtype.name in ("int8", "int16") and not base.power_of_two
             )
         return dataclasses.replace(base, axis=None)
 
@@ -259,7 +259,10 @@ class _Annotator:
         elif op == "Pad" and not self.cfg.qoperator:
             self._pad(node, ins)
             return
-        elif op in _NEEDS_QUANTIZED_INPUT and not self._input_quantized(node, _NEEDS_QUANTIZED_INPUT[op]):
+        elif (
+            op in _NEEDS_QUANTIZED_INPUT
+            or (op in _REMOVABLE_ACTIVATIONS and not self.cfg.fuse_activations)
+        ) and not self._input_quantized(node, _NEEDS_QUANTIZED_INPUT.get(op, 0)):
             self.plan.skipped[node.name] = "input is not quantized"
             return
         elif op in _REMOVABLE_ACTIVATIONS and self._removable(node):

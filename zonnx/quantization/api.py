@@ -163,11 +163,12 @@ def _int_type(type_name: str) -> str:
 
 
 def _spec(type_name: str, symmetric: bool, restricted: bool | None, cfg: QuantConfig) -> QuantSpec:
-    """Symmetric signed types default to the restricted range (ORT); power of two keeps the full range."""
+    """Symmetric int8/int16 default to the restricted range [-(2^(b-1)-1), 2^(b-1)-1] (ORT; int4 keeps its
+    full range); power of two keeps the full range."""
     dtype = qdtype(type_name if type_name != "bfloat16" else "int8")
     symmetric = symmetric or cfg.power_of_two
     if restricted is None:
-        restricted = symmetric and dtype.signed and not cfg.power_of_two
+        restricted = symmetric and dtype.name in ("int8", "int16") and not cfg.power_of_two
     return QuantSpec(dtype, symmetric=symmetric, restricted=restricted, power_of_two=cfg.power_of_two)
 
 

@@ -160,7 +160,7 @@ def _apply(tp: TensorPlan, ov: TensorOverride) -> None:
     if symmetric is not None:  # per-channel weights default to symmetric, as in ORT
         spec = dataclasses.replace(spec, symmetric=symmetric)
     if ov.quant_type is not None or symmetric is not None:  # ORT's restricted range goes with the type
-        spec = dataclasses.replace(spec, restricted=spec.symmetric and spec.dtype.signed and not spec.power_of_two)
+        spec = dataclasses.replace(spec, restricted=spec.symmetric and spec.dtype.name in ("int8", "int16") and not spec.power_of_two)
     if ov.reduce_range is not None:
         spec = dataclasses.replace(spec, reduce_range=ov.reduce_range)
     if ov.axis is not None:
