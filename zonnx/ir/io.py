@@ -388,7 +388,8 @@ def save_model(
                 location=data_name,
                 size_threshold=1024,
             )
-            os.replace(tmp_dir / data_name, folder / data_name)
+            if (tmp_dir / data_name).exists():  # no tensor over the threshold: no data file to move
+                os.replace(tmp_dir / data_name, folder / data_name)
         else:
             tmp_model.write_bytes(proto.SerializeToString())
         os.replace(tmp_model, out)
