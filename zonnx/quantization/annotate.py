@@ -381,6 +381,7 @@ class _Annotator:
                 Role.BIAS,
                 dataclasses.replace(self.cfg.weight, axis=0 if w_axis is not None else None),
                 bias_of=(x.name, w.name),
+                bias_node=node.name,
             )
         )
 

@@ -371,7 +371,7 @@ def quantize_static(
     if cfg.extra.tensor_quant_overrides:  # checked against the model before calibration
         from zonnx.quantization.overrides import parse_tensor_overrides
 
-        overrides = parse_tensor_overrides(cfg.extra.tensor_quant_overrides, model)
+        overrides = parse_tensor_overrides(cfg.extra.tensor_quant_overrides, model, cfg.activation_type)
     plan = annotate(model, _annotate_config(model, cfg))
     if cfg.extra.tensor_quant_overrides:
         from zonnx.quantization.overrides import apply_tensor_overrides

@@ -182,6 +182,10 @@ def calibrate_plan(
         if fixed is not None:  # the user's scale and zero point hold for the whole shared group
             for tp in members:
                 tp.params = dataclasses.replace(fixed)
+                found = stats.get(tp.name)
+                if tp.convert_spec is not None and found is not None and found.batches > 0:
+                    tp.rmin, tp.rmax = _range(found, tp, cfg, name)
+            _convert_params(members)
             continue
         pinned = [tp for tp in members if tp.name in plan.overridden and tp.fixed_range is not None]
         if pinned:
@@ -213,7 +217,24 @@ def calibrate_plan(
                 tp.rmin, tp.rmax = lo, hi
         for tp in members:
             tp.params = dataclasses.replace(params) if tp.spec == spec else _respec(params, tp)
+        _convert_params(members)
     return stats
+
+
+def _convert_params(members: list[TensorPlan]) -> None:
+    """Parameters of the 'convert' override: its own scale/zero point, or the tensor's range in its type."""
+    for tp in members:
+        if tp.convert_spec is None:
+            continue
+        if tp.convert_fixed is not None:
+            tp.convert_params = tp.convert_fixed
+        elif tp.rmin is not None and tp.rmax is not None:
+            tp.convert_params = params_from_range(tp.rmin, tp.rmax, tp.convert_spec)
+        else:
+            raise OptionError(
+                f"TensorQuantOverrides[{tp.name!r}]['convert']: the tensor has no calibrated range to convert; "
+                "give the convert scale and zero_point."
+            )
 
 
 def _ranges_from_table(plan: QuantPlan, path: str, wanted: list[str]) -> None:
@@ -294,9 +315,12 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
                 pof2.weight_diffs_pos(b, qmin, qmax), dataclasses.replace(tp.spec, axis=None)
             )
         else:
+            x_scale = x.params.scale
+            if x.convert_params is not None and (x.convert_recv is None or tp.bias_node in x.convert_recv):
+                x_scale = x.convert_params.scale  # the node reads the converted quantization
             if not cfg.extra.disable_weight_adjust_for_int32_bias:
                 b = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
-                w.params, raised = fit_weight_to_bias(b, x.params.scale, w.params)
+                w.params, raised = fit_weight_to_bias(b, x_scale, w.params)
                 if raised:
                     logger.info(
                         "weight %r: raised the scale of %d channel(s) so the int32 codes of bias %r fit",
@@ -304,4 +328,4 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
                         raised,
                         tp.name,
                     )
-            tp.params = bias_params(x.params.scale, w.params)
+            tp.params = bias_params(x_scale, w.params)

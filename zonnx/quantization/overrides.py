@@ -10,7 +10,9 @@ The option maps a tensor name to a list of dicts: one dict for a per-tensor sett
 - ``symmetric``: zero point at 0 (signed) or mid-range (unsigned);
 - ``reduce_range``: ORT's 7-bit grid, initializers only;
 - ``axis``: the channel axis of a per-channel weight;
-- ``convert``: not implemented by zonnx (refused).
+- ``convert``: ``{"quant_type": ..., optional "scale"/"zero_point", "symmetric", "recv_nodes"}``: the
+  readers named in ``recv_nodes`` (all when absent) read the tensor re-quantized to the second type
+  (Q1 -> DQ1 -> Q2 -> DQ2, as ORT writes it); their biases use the second scale.
 
 Validation follows ORT's rules, and each error is a ValueError (``OptionError``) naming the tensor.
 A tensor the op rules leave float keeps no quantization whatever its override says (as in ORT). A
@@ -52,6 +54,8 @@ class TensorOverride:
     symmetric: bool | None = None
     reduce_range: bool | None = None
     axis: int | None = None
+    convert: TensorOverride | None = None
+    recv_nodes: frozenset[str] | None = None
 
 
 def _where(name: str) -> str:
@@ -82,10 +86,27 @@ def _check_entry(name: str, entry: Any, is_init: bool) -> None:
             f"{_where(name)}: Option 'reduce_range' is only supported for initializers, not for activation {name}."
         )
     if "convert" in entry:
-        raise OptionError(
-            f"{_where(name)}: the 'convert' override (a second quantization type for some readers) is not "
-            "implemented by zonnx; quantize the tensor with one quant_type instead."
-        )
+        conv = entry["convert"]
+        if is_init:
+            raise OptionError(f"{_where(name)}: Cannot use 'convert' override for initializers.")
+        if not isinstance(conv, Mapping) or "quant_type" not in conv:
+            raise OptionError(f"{_where(name)}: 'convert' options (tensor '{name}') must specify a 'quant_type'.")
+        if "reduce_range" in conv:
+            raise OptionError(
+                f"{_where(name)}: Option 'reduce_range' is only supported for initializers, not for activation "
+                f"{name}."
+            )
+        if ("scale" in conv) != ("zero_point" in conv):
+            raise OptionError(
+                f"{_where(name)}: Must provide both 'scale' and 'zero_point' if one of the overrides is provided "
+                f"(tensor '{name}')."
+            )
+        bad = [k for k in _NOT_WITH_SCALE if k in conv and "scale" in conv]
+        if bad:
+            raise OptionError(
+                f"{_where(name)}: Tensor override option(s) [{', '.join(bad)}] are invalid with 'scale' and "
+                f"'zero_point' (tensor '{name}')."
+            )
 
 
 def _stack(entries: list[Mapping[str, Any]], key: str, dtype: Any) -> np.ndarray | None:
@@ -95,8 +116,20 @@ def _stack(entries: list[Mapping[str, Any]], key: str, dtype: Any) -> np.ndarray
     return np.stack(values) if len(values) > 1 else values[0]
 
 
+def _parse_one(name: str, entry: Mapping[str, Any]) -> TensorOverride:
+    qt = entry.get("quant_type")
+    return TensorOverride(
+        quant_type=resolve_type(qt, f"{_where(name)} quant_type") if qt is not None else None,
+        scale=np.asarray(entry["scale"], np.float32).reshape(()) if "scale" in entry else None,
+        zero_point=np.asarray(entry["zero_point"], np.int64).reshape(()) if "zero_point" in entry else None,
+        rmin=np.asarray(entry["rmin"], np.float64).reshape(()) if "rmin" in entry else None,
+        rmax=np.asarray(entry["rmax"], np.float64).reshape(()) if "rmax" in entry else None,
+        symmetric=entry.get("symmetric"),
+    )
+
+
 def parse_tensor_overrides(
-    raw: Mapping[str, Any], model: ir.Model
+    raw: Mapping[str, Any], model: ir.Model, default_type: str = "int8"
 ) -> dict[str, TensorOverride]:
     """Validate the option against the model (every tensor must exist) and parse it."""
     graph = model.graph
@@ -136,7 +169,17 @@ def parse_tensor_overrides(
                     f"expected {shape[axis]}, but found {len(entries)}."
                 )
         qt = first.get("quant_type")
+        conv = first.get("convert")
+        converted = None
+        if conv is not None:
+            converted = _parse_one(name, conv)
+            if converted.quant_type == (resolve_type(qt, "quant_type") if qt is not None else default_type):
+                raise OptionError(
+                    f"{_where(name)}: 'convert' quant_type must differ from original quant_type (tensor '{name}')."
+                )
         parsed[name] = TensorOverride(
+            convert=converted,
+            recv_nodes=frozenset(conv["recv_nodes"]) if conv is not None and conv.get("recv_nodes") else None,
             quant_type=resolve_type(qt, f"{_where(name)} quant_type") if qt is not None else None,
             scale=_stack(list(entries), "scale", np.float32),
             zero_point=_stack(list(entries), "zero_point", np.int64),
@@ -170,6 +213,18 @@ def _apply(tp: TensorPlan, ov: TensorOverride) -> None:
             f"{_where(tp.name)}: power-of-two quantization takes no per-tensor type or range overrides."
         )
     tp.spec = spec
+    if ov.convert is not None:
+        cv = ov.convert
+        cspec = dataclasses.replace(spec, dtype=qdtype(cv.quant_type), reduce_range=False)
+        if cv.symmetric is not None:
+            cspec = dataclasses.replace(cspec, symmetric=cv.symmetric)
+        cspec = dataclasses.replace(cspec, restricted=cspec.symmetric and cspec.dtype.name in ("int8", "int16"))
+        tp.convert_spec, tp.convert_recv = cspec, ov.recv_nodes
+        if cv.scale is not None and cv.zero_point is not None:
+            lo, hi = cspec.dtype.qrange()
+            tp.convert_fixed = QuantParams(
+                cv.scale, cv.zero_point.astype(cspec.dtype.np_dtype), cspec.dtype, None, None, lo, hi
+            )
     if ov.scale is not None and ov.zero_point is not None:
         qmin, qmax = spec.dtype.qrange()
         tp.fixed_params = QuantParams(

@@ -44,6 +44,12 @@ class TensorPlan:
     #: parameters given by the user (TensorQuantOverrides scale/zero_point): used instead of calibration
     fixed_params: QuantParams | None = None
     float16: bool = False  # the tensor is float16 in the model (scales are written as float16)
+    #: TensorQuantOverrides 'convert': a second quantization for some readers (None: every reader)
+    convert_spec: QuantSpec | None = None
+    convert_fixed: QuantParams | None = None
+    convert_recv: frozenset[str] | None = None
+    convert_params: QuantParams | None = None
+    bias_node: str | None = None  # for a bias: the node it belongs to
 
 
 @dataclasses.dataclass

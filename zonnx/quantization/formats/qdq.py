@@ -51,6 +51,8 @@ def required_opset(plan: QuantPlan) -> int:
             need = max(need, tp.params.dtype.min_opset)
             if tp.float16:  # QuantizeLinear/DequantizeLinear take float16 from opset 19
                 need = max(need, 19)
+        if tp.convert_params is not None:
+            need = max(need, tp.convert_params.dtype.min_opset)
     return need
 
 
@@ -125,9 +127,12 @@ def _write_tensor(
     params = tp.params
     assert params is not None, f"tensor {tp.name} has no parameters"
     ftype = ir.DataType.FLOAT16 if value.dtype == ir.DataType.FLOAT16 else ir.DataType.FLOAT
+    first = group.get(root)
+    shared = first[2] if first is not None and first[1] == ftype and _same(first[0], params) else None
+    if tp.role is Role.ACTIVATION and tp.convert_params is not None:
+        _write_converted(graph, index, tp, ftype, shared)
+        return
     if tp.role is Role.ACTIVATION or (tp.role is Role.WEIGHT and add_pair_to_weight):
-        first = group.get(root)
-        shared = first[2] if first is not None and first[1] == ftype and _same(first[0], params) else None
 
         def build(v: ir.Value) -> tuple[list[ir.Node], ir.Value]:
             nodes, out = _qdq_nodes(index, graph, tp.name, params, v, pair=True, float_type=ftype, shared=shared)
@@ -143,6 +148,74 @@ def _write_tensor(
     insert_on_value(
         graph, value, lambda _v: _qdq_nodes(index, graph, tp.name, params, stored, pair=False, float_type=ftype)
     )
+
+
+def _dq(index: ValueIndex, src: ir.Value, qdq: tuple[ir.Value, ir.Value], out: str, node: str, ftype: ir.DataType,
+        like: ir.Value) -> ir.Node:  # fmt: skip
+    value = ir.Value(name=index.unique(out), type=ir.TensorType(ftype), shape=like.shape)
+    return ir.node("DequantizeLinear", [src, *qdq], outputs=[value], name=index.unique(node))
+
+
+def _q(index: ValueIndex, src: ir.Value, qdq: tuple[ir.Value, ir.Value], out: str, node: str) -> ir.Node:
+    return ir.node("QuantizeLinear", [src, *qdq], outputs=[ir.Value(name=index.unique(out))], name=index.unique(node))
+
+
+def _write_converted(
+    graph: ir.Graph,
+    index: ValueIndex,
+    tp: TensorPlan,
+    ftype: ir.DataType,
+    shared: tuple[ir.Value, ir.Value] | None,
+) -> None:
+    """TensorQuantOverrides 'convert' (ORT's layout): ``Q1 -> DQ1`` for the other readers and
+    ``Q1 -> DQ1' -> Q2 -> DQ2`` for the converting readers (one DQ1 when every reader converts); a graph
+    output keeps its name on the last DQ its readers' type ends in."""
+    value, n = index[tp.name], tp.name
+    assert tp.params is not None and tp.convert_params is not None
+    np_float = np.float16 if ftype == ir.DataType.FLOAT16 else np.float32
+
+    def qparams(params: QuantParams, suffix: str) -> tuple[ir.Value, ir.Value]:
+        scale = add_initializer(graph, index, f"{n}_scale{suffix}", np.asarray(params.scale, np_float))
+        zp = add_initializer(graph, index, f"{n}_zero_point{suffix}", np.asarray(params.zero_point),
+                             _IR_TYPES[params.dtype.name])  # fmt: skip
+        return scale, zp
+
+    first = shared if shared is not None else qparams(tp.params, "")
+    second = qparams(tp.convert_params, "_convert")
+    uses = list(value.uses())
+    recv = {u.node.name for u in uses} if tp.convert_recv is None else set(tp.convert_recv)
+    original = [u for u in uses if u.node.name not in recv]
+    converted = [u for u in uses if u.node.name in recv]
+    all_converted = not original
+    is_output = value.is_graph_output()
+    q1 = _q(index, value, first, f"{n}_QuantizeLinear_Output", f"{n}_QuantizeLinear")
+    dq1 = _dq(index, q1.outputs[0], first, f"{n}_DequantizeLinear_Output", f"{n}_DequantizeLinear", ftype, value)
+    nodes = [q1, dq1]
+    src2 = dq1.outputs[0]
+    if not all_converted:
+        clone = _dq(index, q1.outputs[0], first, f"{n}_convert_QuantizeLinear_Input",
+                    f"{n}_convert_clone_DequantizeLinear", ftype, value)  # fmt: skip
+        nodes.append(clone)
+        src2 = clone.outputs[0]
+    q2 = _q(index, src2, second, f"{n}_convert_QuantizeLinear_Output", f"{n}_convert_QuantizeLinear")
+    dq2 = _dq(index, q2.outputs[0], second, f"{n}_convert_DequantizeLinear_Output",
+              f"{n}_convert_DequantizeLinear", ftype, value)  # fmt: skip
+    nodes += [q2, dq2]
+    producer = value.producer()
+    if producer is not None:
+        graph.insert_after(producer, nodes)
+    else:
+        graph.insert_before(next(iter(graph)), nodes)
+    for use in original:
+        use.node.replace_input_with(use.idx, dq1.outputs[0])
+    for use in converted:
+        use.node.replace_input_with(use.idx, dq2.outputs[0])
+    if is_output:
+        final = dq2.outputs[0] if all_converted else dq1.outputs[0]
+        graph.outputs[:] = [final if o is value else o for o in graph.outputs]
+        value.name = f"{n}_QuantizeLinear_Input"
+        final.name = n
+        final.type, final.shape = value.type, value.shape
 
 
 def write_qdq(model: ir.Model, plan: QuantPlan, *, add_qdq_pair_to_weight: bool = False) -> Counter[str]:
