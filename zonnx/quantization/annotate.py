@@ -22,6 +22,8 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
   output, whose saturation does the clipping (``plan.removed``; QDQKeepRemovableActivations keeps it).
 - With a target: a Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused:
   the intermediate tensor gets no quantization of its own.
+- A Conv input produced by a DequantizeLinear of constants is already quantized: it keeps that node's
+  parameters (the bias uses them) and gets no new quantizer (ORT's rule).
 - Everything else stays float; the plan records why for each node.
 
 That is the "ort" placement. Under the "kernels" placement (``placement.py``) only the inputs that
@@ -30,16 +32,17 @@ integer kernels consume are marked, each on its edge into that kernel, and no ou
 
 from __future__ import annotations
 
-__all__ = ["AnnotateConfig", "annotate", "QUANTIZABLE_OPS", "LATENT_OPS"]
+__all__ = ["AnnotateConfig", "annotate", "dq_params", "QUANTIZABLE_OPS", "LATENT_OPS"]
 
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 import onnx_ir as ir
 
 from zonnx.quantization.placement import kernel_inputs, placement_reason
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
-from zonnx.quantization.schemes import QuantSpec
+from zonnx.quantization.schemes import QuantParams, QuantSpec, qdtype
 
 _LINEAR = {"Conv": 0, "ConvTranspose": 1}  # op -> weight channel axis
 LATENT_OPS = {
@@ -180,7 +183,23 @@ class _Annotator:
         return dataclasses.replace(base, axis=None)
 
     # -- marking -------------------------------------------------------------------------------
+    def _prequantized(self, v: ir.Value | None) -> bool:
+        """Plan ``v`` as already quantized when it is the output of a DequantizeLinear with constant
+        scale and zero point (ORT leaves such tensors as they are); False when it is not."""
+        if v is None:
+            return False
+        if v.name in self.plan.tensors:
+            return self.plan.tensors[v.name].prequantized
+        params = dq_params(v)
+        if params is None:
+            return False
+        self.plan.add(TensorPlan(v.name, Role.WEIGHT, QuantSpec(params.dtype), fixed_params=params,
+                                 prequantized=True))  # fmt: skip
+        return True
+
     def _act(self, node: ir.Node, v: ir.Value | None) -> None:
+        if self._prequantized(v):
+            return
         if _is_float(v) and v is not None and not _is_const(v):
             edge = frozenset({node.name}) if self.cfg.placement == "kernels" else None
             self.plan.add(
@@ -238,11 +257,15 @@ class _Annotator:
             self.plan.skipped[node.name] = placement_reason(node)
             return
         if op in _LINEAR:
-            if len(ins) < 2 or ins[1] is None or not _is_const(ins[1]):
+            w = ins[1] if len(ins) > 1 else None
+            if w is None or not (_is_const(w) or self._prequantized(w) or self._prequantized(ins[0])):
                 self.plan.skipped[node.name] = "weight W is not a constant"
                 return
             self._act(node, ins[0])
-            self._weight(node, ins[1], _LINEAR[op])
+            if _is_const(w):
+                self._weight(node, w, _LINEAR[op])
+            elif not self._prequantized(w):
+                self._act(node, w)
             self._bias(node, ins, 2)
         elif op == "Gemm":
             self._gemm(node, ins)
@@ -374,6 +397,8 @@ class _Annotator:
         x, w, b = ins[0], ins[1], ins[index]
         if x is None or x.name not in self.plan.tensors or w.name not in self.plan.tensors:
             return
+        if self.plan.tensors[w.name].role is not Role.WEIGHT and not self.plan.tensors[x.name].prequantized:
+            return
         w_axis = self.plan.tensors[w.name].spec.axis
         self.plan.add(
             TensorPlan(
@@ -384,6 +409,32 @@ class _Annotator:
                 bias_node=node.name,
             )
         )
+
+
+_DQ_TYPES = {ir.DataType.INT8: "int8", ir.DataType.UINT8: "uint8", ir.DataType.INT16: "int16",
+             ir.DataType.UINT16: "uint16", ir.DataType.INT4: "int4", ir.DataType.UINT4: "uint4",
+             ir.DataType.INT32: "int32"}  # fmt: skip
+
+
+def dq_params(v: ir.Value) -> QuantParams | None:
+    """The parameters of the DequantizeLinear producing ``v`` when its codes, scale and zero point are
+    constants (a pre-quantized weight or input), else None."""
+    node = v.producer()
+    if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+        return None
+    ins = list(node.inputs)
+    if not ins or any(x is None or not _is_const(x) for x in ins):
+        return None
+    codes = ins[0]
+    name = _DQ_TYPES.get(codes.dtype)
+    if name is None:
+        return None
+    dtype = qdtype(name)
+    scale = np.asarray(ins[1].const_value.numpy(), np.float32)
+    zp = np.asarray(ins[2].const_value.numpy()) if len(ins) > 2 else np.zeros(scale.shape, dtype.np_dtype)
+    axis = node.attributes.get_int("axis", 1) if scale.ndim else None
+    lo, hi = dtype.qrange()
+    return QuantParams(scale, zp.astype(dtype.np_dtype), dtype, axis, None, lo, hi)
 
 
 def nodes_between(model: ir.Model, input_nodes: Iterable[str], output_nodes: Iterable[str]) -> set[str]:

@@ -299,7 +299,9 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
     """Fill ``params`` of weights from their values, then of biases from their input and weight."""
     inits = model.graph.initializers
     for tp in plan.tensors.values():
-        if tp.role is Role.WEIGHT and tp.name in inits:
+        if tp.prequantized:
+            tp.params = tp.fixed_params
+        elif tp.role is Role.WEIGHT and tp.name in inits:
             w = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
             tp.params = _weight_params(tp, w, cfg)
     for tp in plan.tensors.values():
@@ -318,7 +320,7 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
             x_scale = x.params.scale
             if x.convert_params is not None and (x.convert_recv is None or tp.bias_node in x.convert_recv):
                 x_scale = x.convert_params.scale  # the node reads the converted quantization
-            if not cfg.extra.disable_weight_adjust_for_int32_bias:
+            if not cfg.extra.disable_weight_adjust_for_int32_bias and not w.prequantized:
                 b = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
                 w.params, raised = fit_weight_to_bias(b, x_scale, w.params)
                 if raised:

@@ -50,6 +50,9 @@ class TensorPlan:
     convert_recv: frozenset[str] | None = None
     convert_params: QuantParams | None = None
     bias_node: str | None = None  # for a bias: the node it belongs to
+    #: the model already holds this tensor behind a DequantizeLinear: its parameters are that node's
+    #: (``fixed_params``) and nothing is written for it
+    prequantized: bool = False
 
 
 @dataclasses.dataclass

@@ -225,7 +225,7 @@ def write_qdq(model: ir.Model, plan: QuantPlan, *, add_qdq_pair_to_weight: bool 
     counts: Counter[str] = Counter()
     groups: dict[str, tuple[QuantParams, ir.DataType, tuple[ir.Value, ir.Value]]] = {}
     for tp in plan.tensors.values():
-        if tp.params is None or tp.name not in index:
+        if tp.params is None or tp.name not in index or tp.prequantized:
             continue
         _write_tensor(graph, index, tp, add_qdq_pair_to_weight, groups, plan.find(tp.name))
         counts[tp.role.value] += 1
