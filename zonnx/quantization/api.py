@@ -93,6 +93,11 @@ def build_config(
         raise OptionError(
             f"{fmt}: power-of-two formats are signed; use activation_type=QuantType.QInt8 (got {act})."
         )
+    if extra.block_size and (fmt != QuantFormat.QDQ or extra.target):
+        raise OptionError(
+            "extra_options['BlockSize']: block-wise weights are written as QDQ (opset 21) only; use "
+            "quant_format=QuantFormat.QDQ without a target, or remove BlockSize."
+        )
     if extra.include_fast_ft and fmt == QuantFormat.QOperator:
         raise OptionError(
             "IncludeFastFT: fast finetune rewrites weights behind DequantizeLinear/FixNeuron nodes and "

@@ -276,6 +276,10 @@ def _weight_params(tp: TensorPlan, w: np.ndarray, cfg: QuantConfig) -> QuantPara
         return tp.fixed_params
     if tp.fixed_range is not None:  # TensorQuantOverrides rmin/rmax (per channel: arrays)
         return params_from_range(tp.fixed_range[0], tp.fixed_range[1], spec, spec.axis)
+    if cfg.extra.block_size and not spec.power_of_two:
+        from zonnx.quantization.blocked import blocked_params
+
+        return blocked_params(tp.name, w, spec, cfg.extra.block_size)
     if spec.power_of_two:
         return pof2_params(pof2.weight_diffs_pos(w, qmin, qmax), spec)
     method = cfg.weight_method
@@ -320,6 +324,14 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
             x_scale = x.params.scale
             if x.convert_params is not None and (x.convert_recv is None or tp.bias_node in x.convert_recv):
                 x_scale = x.convert_params.scale  # the node reads the converted quantization
+            if w.params.block_size:
+                logger.warning(
+                    "bias %r stays float: its weight %r is quantized block-wise (BlockSize), which has no "
+                    "int32 bias scale",
+                    tp.name,
+                    w.name,
+                )
+                continue
             if not cfg.extra.disable_weight_adjust_for_int32_bias and not w.prequantized:
                 b = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
                 w.params, raised = fit_weight_to_bias(b, x_scale, w.params)

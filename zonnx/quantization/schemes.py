@@ -153,6 +153,7 @@ class QuantParams:
     pos: np.ndarray | None = None  # int, same shape as scale, when the scale is 2^-pos
     qmin: int = -128
     qmax: int = 127
+    block_size: int = 0  # > 0: one scale per block of this many values along ``axis`` (blocked.py)
 
     @property
     def per_channel(self) -> bool:
@@ -282,16 +283,24 @@ def _broadcast(p: np.ndarray, x: np.ndarray, axis: int | None) -> np.ndarray:
     return p.reshape(shape)
 
 
+def _expand(p: np.ndarray, params: QuantParams, x: np.ndarray) -> np.ndarray:
+    """Block-wise parameters repeated over their blocks (same rank as x), else the per-axis broadcast."""
+    if params.block_size:
+        axis = (params.axis or 0) % x.ndim
+        return np.repeat(p, params.block_size, axis=axis).take(range(x.shape[axis]), axis=axis)
+    return _broadcast(p, x, params.axis)
+
+
 def quantize(x: np.ndarray, params: QuantParams) -> np.ndarray:
     """Codes as QuantizeLinear computes them: round half to even of x / scale, plus zero point, saturated."""
-    scale = _broadcast(params.scale.astype(np.float32), x, params.axis)
-    zp = _broadcast(params.zero_point.astype(np.int64), x, params.axis)
+    scale = _expand(params.scale.astype(np.float32), params, np.asarray(x))
+    zp = _expand(params.zero_point.astype(np.int64), params, np.asarray(x))
     q = np.rint(np.asarray(x, np.float32) / scale).astype(np.int64) + zp
     return np.clip(q, params.qmin, params.qmax).astype(params.dtype.np_dtype)
 
 
 def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
     """(q - zero_point) * scale in float32."""
-    scale = _broadcast(params.scale.astype(np.float32), q, params.axis)
-    zp = _broadcast(params.zero_point.astype(np.int64), q, params.axis)
+    scale = _expand(params.scale.astype(np.float32), params, q)
+    zp = _expand(params.zero_point.astype(np.int64), params, q)
     return ((q.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.float32)

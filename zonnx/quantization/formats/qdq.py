@@ -49,6 +49,8 @@ def required_opset(plan: QuantPlan) -> int:
     for tp in plan.tensors.values():
         if tp.params is not None:
             need = max(need, tp.params.dtype.min_opset)
+            if tp.params.block_size:  # block_size is an attribute of opset 21's Q/DQ
+                need = max(need, 21)
             if tp.float16:  # QuantizeLinear/DequantizeLinear take float16 from opset 19
                 need = max(need, 19)
         if tp.convert_params is not None:
@@ -74,7 +76,9 @@ def _qdq_nodes(
         zp = add_initializer(
             graph, index, f"{name}_zero_point", np.asarray(params.zero_point), _IR_TYPES[params.dtype.name]
         )
-    attrs = {"axis": params.axis} if params.axis is not None else {}
+    attrs: dict[str, int] = {"axis": params.axis} if params.axis is not None else {}
+    if params.block_size:
+        attrs["block_size"] = params.block_size
     nodes: list[ir.Node] = []
     codes = src
     if pair:
