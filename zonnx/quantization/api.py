@@ -429,7 +429,7 @@ def quantize_static(
     if plan.removed:
         from zonnx.quantization.formats.remove_activations import remove_activations
 
-        remove_activations(model, plan.removed)
+        remove_activations(model, plan)
     counts, opset = write_model(model, plan, cfg)
     refinement = None
     if target is not None:
