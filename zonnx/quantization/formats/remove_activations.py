@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def _clips(node: ir.Node, params: QuantParams | None) -> bool:
     """True when the output's quantization saturates where the node clips: a Relu's lowest code is 0.0,
-    a Clip's codes stay within [min, max] (half a step of slack)."""
+    a Clip's codes stay within [min, max] (one step of slack: the zero point is rounded)."""
     if params is None or params.axis is not None:
         return False
     scale = float(np.asarray(params.scale).reshape(-1)[0])
@@ -36,7 +36,7 @@ def _clips(node: ir.Node, params: QuantParams | None) -> bool:
     bounds = [v.const_value.numpy() if v is not None and v.const_value is not None else None for v in node.inputs[1:3]]
     lo = float(bounds[0]) if len(bounds) > 0 and bounds[0] is not None else -np.inf
     hi = float(bounds[1]) if len(bounds) > 1 and bounds[1] is not None else np.inf
-    return low >= lo - scale / 2 and high <= hi + scale / 2
+    return low >= lo - scale and high <= hi + scale
 
 
 def remove_activations(model: ir.Model, plan: QuantPlan) -> int:
