@@ -44,7 +44,7 @@ STATIC_NAMES = ("quantize_static", "get_qdq_config", "StaticQuantConfig")
 DEFAULT_SNAPSHOT = "/work/.mirror/mcollinswisc+onnxruntime/repo"
 
 #: Written into the extracted folder for the zonnx run: rebinds ORT's static entry points to zonnx's.
-_PATCH = '''
+_PATCH = """
 import os, sys, importlib, pkgutil
 import onnx.helper
 import onnxruntime
@@ -84,7 +84,7 @@ if os.environ.get("ZONNX_CONFORMANCE") == "1":
             for _attr, _fn in _names.items():
                 if callable(getattr(_mod, _attr, None)):
                     setattr(_mod, _attr, _fn)
-'''
+"""
 
 
 @dataclasses.dataclass
@@ -109,9 +109,7 @@ class ConformanceResult:
 
 
 def _git(snapshot: str, *args: str) -> bytes:
-    return subprocess.run(
-        ["git", "--git-dir", snapshot, *args], check=True, capture_output=True
-    ).stdout
+    return subprocess.run(["git", "--git-dir", snapshot, *args], check=True, capture_output=True).stdout
 
 
 def _git_dir(snapshot: str) -> str:
@@ -169,7 +167,9 @@ def max_ir_version() -> int:
     return 7
 
 
-def _run_pytest(folder: Path, files: list[str], zonnx: bool, keyword: str | None, tag: str) -> dict[str, bool]:
+def _run_pytest(
+    folder: Path, files: list[str], zonnx: bool, keyword: str | None, tag: str
+) -> dict[str, bool]:
     env = {**os.environ, "ZONNX_CONFORMANCE": "1" if zonnx else "0", "PYTHONDONTWRITEBYTECODE": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")
     env["ZONNX_CONFORMANCE_MAX_IR"] = str(max_ir_version())

@@ -71,9 +71,27 @@ LATENT_OPS = {
 #: float unless op_types_to_quantize names them: quantizing the inside of a decomposed LayerNorm, for
 #: example, costs accuracy for nothing.
 QUANTIZABLE_OPS = frozenset(
-    set(_LINEAR) | LATENT_OPS | {"Add", "Mul", "Gemm", "MatMul", "Relu", "Clip", "LeakyRelu", "Sigmoid",
-                                 "Softmax", "AveragePool", "GlobalAveragePool", "Concat", "ArgMax", "Where",
-                                 "InstanceNormalization", "LayerNormalization", "Pad"}
+    set(_LINEAR)
+    | LATENT_OPS
+    | {
+        "Add",
+        "Mul",
+        "Gemm",
+        "MatMul",
+        "Relu",
+        "Clip",
+        "LeakyRelu",
+        "Sigmoid",
+        "Softmax",
+        "AveragePool",
+        "GlobalAveragePool",
+        "Concat",
+        "ArgMax",
+        "Where",
+        "InstanceNormalization",
+        "LayerNormalization",
+        "Pad",
+    }
 )
 _REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
 #: Ops quantized only when their data input already is (or ForceQuantizeNoInputCheck), with their own
@@ -178,7 +196,10 @@ class _Annotator:
             axis = self.cfg.per_channel_axis.get(node.op_type, axis)
             # ORT: per-channel weights are symmetric (QLinear kernels need one zero point for all channels)
             return dataclasses.replace(
-                base, axis=axis, symmetric=True, restricted=base.dtype.name in ("int8", "int16") and not base.power_of_two
+                base,
+                axis=axis,
+                symmetric=True,
+                restricted=base.dtype.name in ("int8", "int16") and not base.power_of_two,
             )
         return dataclasses.replace(base, axis=None)
 
@@ -283,8 +304,7 @@ class _Annotator:
             self._pad(node, ins)
             return
         elif (
-            op in _NEEDS_QUANTIZED_INPUT
-            or (op in _REMOVABLE_ACTIVATIONS and not self.cfg.fuse_activations)
+            op in _NEEDS_QUANTIZED_INPUT or (op in _REMOVABLE_ACTIVATIONS and not self.cfg.fuse_activations)
         ) and not self._input_quantized(node, _NEEDS_QUANTIZED_INPUT.get(op, 0)):
             self.plan.skipped[node.name] = "input is not quantized"
             return
@@ -332,7 +352,9 @@ class _Annotator:
         self._act(node, src)
         value = ins[2] if len(ins) > 2 else None
         if value is not None and _is_const(value) and _is_float(value):
-            self.plan.add(TensorPlan(value.name, Role.WEIGHT, dataclasses.replace(self._act_spec(node), axis=None)))
+            self.plan.add(
+                TensorPlan(value.name, Role.WEIGHT, dataclasses.replace(self._act_spec(node), axis=None))
+            )
             pad_value = float(value.const_value.numpy().reshape(-1)[0]) if value.const_value.size else 0.0
         elif value is not None:
             pad_value = None  # computed at run time

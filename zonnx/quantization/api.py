@@ -20,8 +20,8 @@ from zonnx.ir.io import default_opset, save_model, to_ir, to_proto
 from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig, annotate, nodes_between
 from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
-from zonnx.quantization.options import parse_extra_options
 from zonnx.quantization.formats.typed_params import store_qparams_typed
+from zonnx.quantization.options import parse_extra_options
 from zonnx.quantization.plan import QuantPlan, Role
 from zonnx.quantization.sample_keeper import SampleKeeper
 from zonnx.quantization.schemes import QuantSpec, qdtype

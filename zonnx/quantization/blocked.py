@@ -50,6 +50,9 @@ def blocked_params(name: str, w: np.ndarray, spec: QuantSpec, block_size: int) -
     if axis == 1:
         scale, zp = scale.T, zp.T
     return dataclasses.replace(
-        flat, scale=scale.reshape(shape).copy(), zero_point=zp.reshape(shape).copy(), axis=axis, block_size=block_size
+        flat,
+        scale=scale.reshape(shape).copy(),
+        zero_point=zp.reshape(shape).copy(),
+        axis=axis,
+        block_size=block_size,
     )
-

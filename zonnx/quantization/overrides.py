@@ -67,7 +67,9 @@ def _check_entry(name: str, entry: Any, is_init: bool) -> None:
         raise OptionError(f"{_where(name)}: Tensor quantization overrides for '{name}' are not in a dict.")
     unknown = sorted(set(entry) - _KEYS)
     if unknown:
-        raise OptionError(f"{_where(name)}: unknown key(s) {unknown}; known keys: {', '.join(sorted(_KEYS))}.")
+        raise OptionError(
+            f"{_where(name)}: unknown key(s) {unknown}; known keys: {', '.join(sorted(_KEYS))}."
+        )
     if ("scale" in entry) != ("zero_point" in entry):
         raise OptionError(
             f"{_where(name)}: Must provide both 'scale' and 'zero_point' if one of the overrides is provided."
@@ -90,7 +92,9 @@ def _check_entry(name: str, entry: Any, is_init: bool) -> None:
         if is_init:
             raise OptionError(f"{_where(name)}: Cannot use 'convert' override for initializers.")
         if not isinstance(conv, Mapping) or "quant_type" not in conv:
-            raise OptionError(f"{_where(name)}: 'convert' options (tensor '{name}') must specify a 'quant_type'.")
+            raise OptionError(
+                f"{_where(name)}: 'convert' options (tensor '{name}') must specify a 'quant_type'."
+            )
         if "reduce_range" in conv:
             raise OptionError(
                 f"{_where(name)}: Option 'reduce_range' is only supported for initializers, not for activation "
@@ -143,7 +147,9 @@ def parse_tensor_overrides(
                 "check the tensor name."
             )
         if not isinstance(entries, list | tuple):
-            raise OptionError(f"{_where(name)}: Tensor quantization overrides for '{name}' are not in a list.")
+            raise OptionError(
+                f"{_where(name)}: Tensor quantization overrides for '{name}' are not in a list."
+            )
         if not entries or not entries[0]:
             continue
         is_init = name in inits
@@ -162,7 +168,9 @@ def parse_tensor_overrides(
             rank = len(shape) if shape is not None else 0
             axis = int(first["axis"])
             if not -rank <= axis < rank:
-                raise OptionError(f"{_where(name)}: Axis override value is out-of-bounds for tensor {name} (rank {rank}).")
+                raise OptionError(
+                    f"{_where(name)}: Axis override value is out-of-bounds for tensor {name} (rank {rank})."
+                )
             if len(entries) > 1 and len(entries) != shape[axis]:
                 raise OptionError(
                     f"{_where(name)}: Incorrect number of channel overrides for tensor {name} (axis {axis}), "
@@ -203,7 +211,9 @@ def _apply(tp: TensorPlan, ov: TensorOverride) -> None:
     if symmetric is not None:  # per-channel weights default to symmetric, as in ORT
         spec = dataclasses.replace(spec, symmetric=symmetric)
     if ov.quant_type is not None or symmetric is not None:  # ORT's restricted range goes with the type
-        spec = dataclasses.replace(spec, restricted=spec.symmetric and spec.dtype.name in ("int8", "int16") and not spec.power_of_two)
+        spec = dataclasses.replace(
+            spec, restricted=spec.symmetric and spec.dtype.name in ("int8", "int16") and not spec.power_of_two
+        )
     if ov.reduce_range is not None:
         spec = dataclasses.replace(spec, reduce_range=ov.reduce_range)
     if ov.axis is not None:
@@ -218,7 +228,9 @@ def _apply(tp: TensorPlan, ov: TensorOverride) -> None:
         cspec = dataclasses.replace(spec, dtype=qdtype(cv.quant_type), reduce_range=False)
         if cv.symmetric is not None:
             cspec = dataclasses.replace(cspec, symmetric=cv.symmetric)
-        cspec = dataclasses.replace(cspec, restricted=cspec.symmetric and cspec.dtype.name in ("int8", "int16"))
+        cspec = dataclasses.replace(
+            cspec, restricted=cspec.symmetric and cspec.dtype.name in ("int8", "int16")
+        )
         tp.convert_spec, tp.convert_recv = cspec, ov.recv_nodes
         if cv.scale is not None and cv.zero_point is not None:
             lo, hi = cspec.dtype.qrange()
@@ -245,7 +257,9 @@ def apply_tensor_overrides(plan: QuantPlan, overrides: Mapping[str, TensorOverri
     for name, ov in overrides.items():
         tp = plan.tensors.get(name)
         if tp is None:
-            logger.info("TensorQuantOverrides: %r is not quantized by the op rules; its override is unused", name)
+            logger.info(
+                "TensorQuantOverrides: %r is not quantized by the op rules; its override is unused", name
+            )
             continue
         _apply(tp, ov)
         if ov.rmin is not None:

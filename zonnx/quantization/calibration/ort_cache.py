@@ -95,7 +95,9 @@ class CalibrationCache:
         data = TensorsData(
             self.method,
             {
-                name: TensorData(lowest=np.array(lo, dtype=np.float32), highest=np.array(hi, dtype=np.float32))
+                name: TensorData(
+                    lowest=np.array(lo, dtype=np.float32), highest=np.array(hi, dtype=np.float32)
+                )
                 for name, (lo, hi) in ranges.items()
             },
         )

@@ -139,7 +139,9 @@ def _write_tensor(
     if tp.role is Role.ACTIVATION or (tp.role is Role.WEIGHT and add_pair_to_weight):
 
         def build(v: ir.Value) -> tuple[list[ir.Node], ir.Value]:
-            nodes, out = _qdq_nodes(index, graph, tp.name, params, v, pair=True, float_type=ftype, shared=shared)
+            nodes, out = _qdq_nodes(
+                index, graph, tp.name, params, v, pair=True, float_type=ftype, shared=shared
+            )
             if root not in group and tp.role is Role.ACTIVATION:
                 group[root] = (params, ftype, (nodes[0].inputs[1], nodes[0].inputs[2]))
             return nodes, out
@@ -150,7 +152,9 @@ def _write_tensor(
     codes = quantize(array, params)
     stored = add_initializer(graph, index, f"{tp.name}_quantized", codes, _IR_TYPES[params.dtype.name])
     insert_on_value(
-        graph, value, lambda _v: _qdq_nodes(index, graph, tp.name, params, stored, pair=False, float_type=ftype)
+        graph,
+        value,
+        lambda _v: _qdq_nodes(index, graph, tp.name, params, stored, pair=False, float_type=ftype),
     )
 
 
@@ -161,7 +165,9 @@ def _dq(index: ValueIndex, src: ir.Value, qdq: tuple[ir.Value, ir.Value], out: s
 
 
 def _q(index: ValueIndex, src: ir.Value, qdq: tuple[ir.Value, ir.Value], out: str, node: str) -> ir.Node:
-    return ir.node("QuantizeLinear", [src, *qdq], outputs=[ir.Value(name=index.unique(out))], name=index.unique(node))
+    return ir.node(
+        "QuantizeLinear", [src, *qdq], outputs=[ir.Value(name=index.unique(out))], name=index.unique(node)
+    )
 
 
 def _write_converted(
@@ -193,7 +199,9 @@ def _write_converted(
     all_converted = not original
     is_output = value.is_graph_output()
     q1 = _q(index, value, first, f"{n}_QuantizeLinear_Output", f"{n}_QuantizeLinear")
-    dq1 = _dq(index, q1.outputs[0], first, f"{n}_DequantizeLinear_Output", f"{n}_DequantizeLinear", ftype, value)
+    dq1 = _dq(
+        index, q1.outputs[0], first, f"{n}_DequantizeLinear_Output", f"{n}_DequantizeLinear", ftype, value
+    )
     nodes = [q1, dq1]
     src2 = dq1.outputs[0]
     if not all_converted:

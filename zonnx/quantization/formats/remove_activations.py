@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = ["remove_activations"]
 
 import logging
+
 import numpy as np
 import onnx_ir as ir
 
@@ -33,7 +34,10 @@ def _clips(node: ir.Node, params: QuantParams | None) -> bool:
     low, high = (params.qmin - zp) * scale, (params.qmax - zp) * scale
     if node.op_type == "Relu":
         return low >= 0.0
-    bounds = [v.const_value.numpy() if v is not None and v.const_value is not None else None for v in node.inputs[1:3]]
+    bounds = [
+        v.const_value.numpy() if v is not None and v.const_value is not None else None
+        for v in node.inputs[1:3]
+    ]
     lo = float(bounds[0]) if len(bounds) > 0 and bounds[0] is not None else -np.inf
     hi = float(bounds[1]) if len(bounds) > 1 and bounds[1] is not None else np.inf
     return low >= lo - scale and high <= hi + scale
@@ -52,7 +56,9 @@ def remove_activations(model: ir.Model, plan: QuantPlan) -> int:
             continue
         out_plan = plan.tensors.get(out_name)
         if not _clips(node, out_plan.params if out_plan is not None else None):
-            logger.info("%s %r kept: the quantization of %r does not clip as it does", node.op_type, name, out_name)
+            logger.info(
+                "%s %r kept: the quantization of %r does not clip as it does", node.op_type, name, out_name
+            )
             continue
         src, out = node.inputs[0], node.outputs[0]
         out.replace_all_uses_with(src, replace_graph_outputs=True)

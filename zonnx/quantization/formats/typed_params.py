@@ -28,7 +28,11 @@ def store_qparams_typed(model: onnx.ModelProto) -> int:
             names -= set(node.input[1:3])
     count = 0
     for i, init in enumerate(model.graph.initializer):
-        if init.name not in names or not init.HasField("raw_data") or init.data_location == onnx.TensorProto.EXTERNAL:
+        if (
+            init.name not in names
+            or not init.HasField("raw_data")
+            or init.data_location == onnx.TensorProto.EXTERNAL
+        ):
             continue
         array = numpy_helper.to_array(init)
         if array.size > _MAX_ELEMENTS:
