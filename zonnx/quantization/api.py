@@ -230,6 +230,7 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
         qoperator=cfg.quant_format == QuantFormat.QOperator,
         remove_activations=not extra.activation_symmetric
         and not cfg.power_of_two
+        and cfg.activation_type != "bfloat16"  # a Cast pair does not clip
         and not extra.target
         and extra.quant_placement == "ort",
         fuse_activations=bool(extra.target) or cfg.power_of_two,
