@@ -11,8 +11,9 @@ method) is kept: its input then stays float, which is exact.
 
 from __future__ import annotations
 
-__all__ = ["remove_activations"]
+__all__ = ["remove_activations", "METADATA_KEY"]
 
+import json
 import logging
 
 import numpy as np
@@ -43,6 +44,22 @@ def _clips(node: ir.Node, params: QuantParams | None) -> bool:
     return low >= lo - scale and high <= hi + scale
 
 
+#: Quantized-model metadata key: JSON {tensor: [op, min, max]} of the removed activations, so tools that
+#: bypass quantizers (``triage.bypass``) can put the clipping back.
+METADATA_KEY = "zonnx.removed_activations"
+
+
+def _bounds(node: ir.Node) -> tuple[float | None, float | None]:
+    if node.op_type == "Relu":
+        return 0.0, None
+    vals = [
+        v.const_value.numpy() if v is not None and v.const_value is not None else None
+        for v in node.inputs[1:3]
+    ]
+    vals += [None] * (2 - len(vals))
+    return tuple(float(v) if v is not None else None for v in vals)  # type: ignore[return-value]
+
+
 def remove_activations(model: ir.Model, plan: QuantPlan) -> int:
     """Drop each node of ``plan.removed`` whose output quantization does its clipping, wiring its input to
     its readers under its output's name; a node whose calibrated range does not clip (a symmetric range
@@ -50,6 +67,7 @@ def remove_activations(model: ir.Model, plan: QuantPlan) -> int:
     graph = model.graph
     nodes = {n.name: n for n in graph}
     count = 0
+    removed: dict[str, list] = {}
     for name, (src_name, out_name) in plan.removed.items():
         node = nodes.get(name)
         if node is None or not node.inputs or node.inputs[0] is None or node.inputs[0].name != src_name:
@@ -65,7 +83,10 @@ def remove_activations(model: ir.Model, plan: QuantPlan) -> int:
         graph.remove(node, safe=True)
         out.name = None
         src.name = out_name
+        removed[out_name] = [node.op_type, *_bounds(node)]
         count += 1
+    if removed:
+        model.metadata_props[METADATA_KEY] = json.dumps(removed)
     if count:
         logger.info("removed %d Relu/Clip node(s): their quantization does the clipping", count)
     return count
