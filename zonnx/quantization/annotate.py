@@ -32,17 +32,17 @@ integer kernels consume are marked, each on its edge into that kernel, and no ou
 
 from __future__ import annotations
 
-__all__ = ["AnnotateConfig", "annotate", "dq_params", "QUANTIZABLE_OPS", "LATENT_OPS"]
+__all__ = ["AnnotateConfig", "annotate", "QUANTIZABLE_OPS", "LATENT_OPS"]
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-import numpy as np
 import onnx_ir as ir
 
 from zonnx.quantization.placement import kernel_inputs, placement_reason
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
-from zonnx.quantization.schemes import QuantParams, QuantSpec, qdtype
+from zonnx.quantization.prequant import dq_params
+from zonnx.quantization.schemes import QuantSpec
 
 _LINEAR = {"Conv": 0, "ConvTranspose": 1}  # op -> weight channel axis
 LATENT_OPS = {
@@ -431,46 +431,6 @@ class _Annotator:
                 bias_node=node.name,
             )
         )
-
-
-_DQ_TYPES = {ir.DataType.INT8: "int8", ir.DataType.UINT8: "uint8", ir.DataType.INT16: "int16",
-             ir.DataType.UINT16: "uint16", ir.DataType.INT4: "int4", ir.DataType.UINT4: "uint4",
-             ir.DataType.INT32: "int32"}  # fmt: skip
-
-
-def dq_params(v: ir.Value) -> QuantParams | None:
-    """The parameters of the DequantizeLinear producing ``v`` when its codes, scale and zero point are
-    constants (a pre-quantized weight or input), else None."""
-    node = v.producer()
-    if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
-        return None
-    ins = list(node.inputs)
-    if not ins or any(x is None or not _is_const(x) for x in ins):
-        return None
-    codes = ins[0]
-    name = _DQ_TYPES.get(codes.dtype)
-    if name is None:
-        return None
-    dtype = qdtype(name)
-    scale = np.asarray(ins[1].const_value.numpy(), np.float32)
-    zp = np.asarray(ins[2].const_value.numpy()) if len(ins) > 2 else np.zeros(scale.shape, dtype.np_dtype)
-    axis = node.attributes.get_int("axis", 1) if scale.ndim else None
-    lo, hi = dtype.qrange()
-    return QuantParams(scale, zp.astype(dtype.np_dtype), dtype, axis, None, lo, hi)
-
-
-def nodes_between(model: ir.Model, input_nodes: Iterable[str], output_nodes: Iterable[str]) -> set[str]:
-    """vai_q_onnx's input_nodes/output_nodes: names of nodes before the first start node or after the
-    last end node in topological order (the boundary nodes themselves stay quantizable)."""
-    order = [n.name for n in model.graph]
-    starts = [order.index(n) for n in input_nodes if n in order]
-    ends = [order.index(n) for n in output_nodes if n in order]
-    excluded: set[str] = set()
-    if starts:
-        excluded.update(order[: min(starts)])
-    if ends:
-        excluded.update(order[max(ends) + 1 :])
-    return excluded
 
 
 def annotate(model: ir.Model, cfg: AnnotateConfig) -> QuantPlan:
