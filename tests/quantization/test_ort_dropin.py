@@ -264,7 +264,7 @@ def test_qdq_loss_debug_reads_zonnx_output(tmp_path):
 
 def test_removable_relu_and_prequantized_weight(tmp_path):
     """Item 9: with asymmetric activations Conv->Relu loses the Relu (its quantization clips, ORT then fuses
-    QLinearConv); with symmetric ones both tensors are quantized. A weight already behind a
+    QLinearConv); with symmetric ones the Relu stays and its input float. A weight already behind a
     DequantizeLinear keeps its parameters."""
     model = _conv_model(tmp_path / "m.onnx", relu=True)
     out = tmp_path / "q.onnx"
@@ -276,7 +276,7 @@ def test_removable_relu_and_prequantized_weight(tmp_path):
     assert _run(out, feed).min() >= 0.0
     zonnx.quantize_static(model, out, _reader(), extra_options={"ActivationSymmetric": True})
     ops = [n.op_type for n in onnx.load(out).graph.node]
-    assert "Relu" in ops and ops.count("QuantizeLinear") == 3
+    assert "Relu" in ops and ops.count("QuantizeLinear") == 2  # symmetric: the Relu input stays float
     # pre-quantized weight
     codes = RNG.integers(-127, 128, (4, 2, 3, 3)).astype(np.int8)
     graph = helper.make_graph(
