@@ -16,7 +16,8 @@ from bench.runner import LOWER, BenchContext, Measurement
 from zonnx import zoo
 from zonnx.ir.io import to_ir, to_proto
 from zonnx.quantization.annotate import annotate
-from zonnx.quantization.api import _annotate_config, _prepare, build_config
+from zonnx.quantization.annotate_config import annotate_config
+from zonnx.quantization.api import _prepare, build_config
 from zonnx.quantization.calibration.collector import collect
 from zonnx.quantization.calibration.readers import ListReader
 
@@ -31,7 +32,7 @@ def bench_calib_plan(ctx: BenchContext) -> list[Measurement]:
     cfg = build_config()
     model = to_ir(zoo.get("resnet18-random"))
     _prepare(model, cfg)
-    plan = annotate(model, _annotate_config(model, cfg))
+    plan = annotate(model, annotate_config(model, cfg))
     proto = to_proto(model)
     names = [t for t in plan.activations() if plan.tensors[t].fixed_range is None]
     data = proto.SerializeToString()

@@ -417,6 +417,12 @@ REGISTRY: dict[str, Benchmark] = {
             "partitioner's NPU MAC share",
         ),
         Benchmark(
+            "ort_conformance",
+            "bench.bench_ort_conformance:bench_ort_conformance",
+            "ONNX Runtime's own quantization tests with zonnx.quantize_static patched in: passed / passed with "
+            "ORT (snapshot from ZONNX_ORT_SNAPSHOT)",
+        ),
+        Benchmark(
             "accuracy_peers",
             "bench.bench_accuracy_peers:bench_accuracy_peers",
             "PP-OCRv4 rec char accuracy and transformer output cosine: zonnx vs NNCF (and AIMET-ONNX), each "

@@ -21,6 +21,8 @@ _LAZY = {
     "save_model": "zonnx.ir.io:save_model",
     "ZonnxError": "zonnx.errors:ZonnxError",
     "quantize_static": "zonnx.quantization.api:quantize_static",
+    "quantize": "zonnx.quantization.entry:quantize",
+    "get_qdq_config": "zonnx.quantization.entry:get_qdq_config",
     "InferenceSession": "zonnx.backend.session:InferenceSession",
     "QuantFormat": "zonnx.quantization.enums:QuantFormat",
     "QuantType": "zonnx.quantization.enums:QuantType",

@@ -38,9 +38,13 @@ def _break_site(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
     out.CopyFrom(model)
     q = next(n for n in out.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
     scales = {t.name: t for t in out.graph.initializer}
-    for name in (q.input[1],):
-        arr = numpy_helper.to_array(scales[name]) * 300
-        scales[name].CopyFrom(numpy_helper.from_array(arr.astype(np.float32), name))
+    # tensors that share a scale share its initializer: the broken quantizer gets a private copy
+    arr = numpy_helper.to_array(scales[q.input[1]]) * 300
+    name = f"{q.input[1]}_broken"
+    out.graph.initializer.append(numpy_helper.from_array(arr.astype(np.float32), name))
+    for node in out.graph.node:
+        if node is q or (node.op_type == "DequantizeLinear" and node.input[0] == q.output[0]):
+            node.input[1] = name
     return out
 
 

@@ -309,10 +309,9 @@ def save_model(
                 location=data_name,
                 size_threshold=1024,
             )
-            os.chmod(
-                tmp_dir / data_name, 0o666 & ~current_umask()
-            )  # onnx writes 0600; outputs follow the umask
-            os.replace(tmp_dir / data_name, folder / data_name)
+            if (tmp_dir / data_name).exists():  # no tensor over the threshold: no data file to move
+                os.chmod(tmp_dir / data_name, 0o666 & ~current_umask())  # onnx writes 0600; follow the umask
+                os.replace(tmp_dir / data_name, folder / data_name)
         else:
             data = proto.SerializeToString()
             with open(tmp_model, "wb") as f:

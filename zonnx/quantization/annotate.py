@@ -8,13 +8,22 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
   activation, constant B weight (per channel on the last axis), variable B activation (unless
   MatMulConstBOnly).
 - Add, Sub, Mul, Div, and the other arithmetic/nonlinear ops: float inputs and outputs activations
-  (constant inputs as per-tensor weights). Softmax and Sigmoid outputs get the fixed range [0, 1].
+  (constant inputs as per-tensor weights). Softmax outputs get the fixed range [0, 1] (as in ORT;
+  Sigmoid outputs keep their calibrated range, also as in ORT).
+- GlobalAveragePool, Where, and without a target Relu and Clip: quantized only when their data input already is (ORT's rule;
+  ForceQuantizeNoInputCheck overrides), with their own output scale.
+- Pad (QDQ; in QOperator output it is a latent op): input quantized; output shares its scale for edge/reflect/wrap or zero padding, else its own.
 - "Latent" ops that only move or select values (Reshape, Transpose, MaxPool, Resize, Slice, ...):
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
   the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
 - Softmax inputs: the range reaches at most ``SOFTMAX_SPAN`` below the maximum (the attention mask).
-- A Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused: the
-  intermediate tensor gets no quantization of its own (QDQKeepRemovableActivations turns that off).
+- A Relu/Clip whose input is quantized and read by it alone, with asymmetric activations and no
+  target (ORT's rule): the node is removed, its input takes its name and the quantization of its
+  output, whose saturation does the clipping (``plan.removed``; QDQKeepRemovableActivations keeps it).
+- With a target: a Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused:
+  the intermediate tensor gets no quantization of its own.
+- A Conv input produced by a DequantizeLinear of constants is already quantized: it keeps that node's
+  parameters (the bias uses them) and gets no new quantizer (ORT's rule).
 - Everything else stays float; the plan records why for each node.
 
 That is the "ort" placement. Under the "kernels" placement (``placement.py``) only the inputs that
@@ -26,10 +35,11 @@ from __future__ import annotations
 __all__ = ["AnnotateConfig", "annotate", "QUANTIZABLE_OPS", "LATENT_OPS"]
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import onnx_ir as ir
 
+from zonnx.quantization.dq_consts import dq_params
 from zonnx.quantization.placement import kernel_inputs, placement_reason
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
 from zonnx.quantization.schemes import QuantSpec
@@ -47,12 +57,13 @@ LATENT_OPS = {
     "Slice",
     "Gather",
     "Split",
-    "Pad",
     "DepthToSpace",
     "SpaceToDepth",
     "Identity",
     "Expand",
     "Tile",
+    "TopK",
+    "GatherElements",
 }
 #: Default op types quantized when the user does not choose: ORT's QLinear and QDQ registries (so results
 #: match ORT's for the same call) plus the value-moving ops, which share their input's scale and so add no
@@ -60,13 +71,34 @@ LATENT_OPS = {
 #: float unless op_types_to_quantize names them: quantizing the inside of a decomposed LayerNorm, for
 #: example, costs accuracy for nothing.
 QUANTIZABLE_OPS = frozenset(
-    set(_LINEAR) | LATENT_OPS | {"Add", "Mul", "Gemm", "MatMul", "Relu", "Clip", "LeakyRelu", "Sigmoid",
-                                 "Softmax", "AveragePool", "GlobalAveragePool", "Concat", "ArgMax", "Where",
-                                 "InstanceNormalization", "LayerNormalization"}
+    set(_LINEAR)
+    | LATENT_OPS
+    | {
+        "Add",
+        "Mul",
+        "Gemm",
+        "MatMul",
+        "Relu",
+        "Clip",
+        "LeakyRelu",
+        "Sigmoid",
+        "Softmax",
+        "AveragePool",
+        "GlobalAveragePool",
+        "Concat",
+        "ArgMax",
+        "Where",
+        "InstanceNormalization",
+        "LayerNormalization",
+        "Pad",
+    }
 )
 _REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
+#: Ops quantized only when their data input already is (or ForceQuantizeNoInputCheck), with their own
+#: output scale (ORT's QGlobalAveragePool and QDQWhere rules): op -> index of that data input.
+_NEEDS_QUANTIZED_INPUT = {"GlobalAveragePool": 0, "Where": 1}
 _FUSES_ACTIVATION = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
-_UNIT_RANGE_OUTPUTS = {"Softmax", "Sigmoid"}
+_UNIT_RANGE_OUTPUTS = {"Softmax"}  # ORT's rule; Sigmoid outputs keep their calibrated range
 #: How far below its maximum a Softmax input's quantization range reaches. Softmax depends only on
 #: differences from the row's maximum, and exp(-32) is 1e-14 of the top term, so values further down
 #: may be clipped for free. The attention-mask trap is the reason: "(1 - mask) * -10000" added to the
@@ -80,6 +112,8 @@ _DATA_INPUTS = {
     "Tile": (0,),
     "Slice": (0,),
     "Gather": (0,),
+    "GatherElements": (0,),
+    "TopK": (0,),
     "Split": (0,),
     "Pad": (0,),
     "Resize": (0,),
@@ -107,10 +141,16 @@ class AnnotateConfig:
     force_quantize_no_input_check: bool = False
     exclude_output_op_types: frozenset[str] = frozenset()
     keep_removable_activations: bool = False
+    #: ORT's rule for a Relu/Clip whose input is quantized (asymmetric activations, no target): the node
+    #: is removed and its input takes its name and its quantization (``plan.removed``)
+    remove_activations: bool = False
+    #: with a target: a Relu/Clip after Conv/Gemm/MatMul/Add leaves the tensor between them float
+    fuse_activations: bool = False
     per_channel_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
     node_activation: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     node_weight: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     placement: str = "ort"
+    qoperator: bool = False  # QOperator output: Pad is a latent op (ORT's QLinear registry)
 
 
 def _is_float(v: ir.Value | None) -> bool:
@@ -154,18 +194,52 @@ class _Annotator:
         base = self.cfg.node_weight.get(node.name, self.cfg.weight)
         if self.cfg.per_channel and axis is not None:
             axis = self.cfg.per_channel_axis.get(node.op_type, axis)
-            return dataclasses.replace(base, axis=axis)
+            # ORT: per-channel weights are symmetric (QLinear kernels need one zero point for all channels)
+            return dataclasses.replace(
+                base,
+                axis=axis,
+                symmetric=True,
+                restricted=base.dtype.name in ("int8", "int16") and not base.power_of_two,
+            )
         return dataclasses.replace(base, axis=None)
 
     # -- marking -------------------------------------------------------------------------------
+    def _prequantized(self, v: ir.Value | None) -> bool:
+        """Plan ``v`` as already quantized when it is the output of a DequantizeLinear with constant
+        scale and zero point (ORT leaves such tensors as they are); False when it is not."""
+        if v is None:
+            return False
+        if v.name in self.plan.tensors:
+            return self.plan.tensors[v.name].prequantized
+        params = dq_params(v)
+        if params is None:
+            return False
+        self.plan.add(TensorPlan(v.name, Role.WEIGHT, QuantSpec(params.dtype), fixed_params=params,
+                                 prequantized=True))  # fmt: skip
+        return True
+
     def _act(self, node: ir.Node, v: ir.Value | None) -> None:
+        if self._prequantized(v):
+            return
         if _is_float(v) and v is not None and not _is_const(v):
             edge = frozenset({node.name}) if self.cfg.placement == "kernels" else None
-            self.plan.add(TensorPlan(v.name, Role.ACTIVATION, self._act_spec(node), consumers=edge))
+            self.plan.add(
+                TensorPlan(
+                    v.name,
+                    Role.ACTIVATION,
+                    self._act_spec(node),
+                    consumers=edge,
+                    float16=v.dtype == ir.DataType.FLOAT16,
+                )
+            )
 
     def _weight(self, node: ir.Node, v: ir.Value | None, axis: int | None) -> None:
         if _is_float(v) and v is not None and _is_const(v):
-            self.plan.add(TensorPlan(v.name, Role.WEIGHT, self._weight_spec(node, axis)))
+            self.plan.add(
+                TensorPlan(
+                    v.name, Role.WEIGHT, self._weight_spec(node, axis), float16=v.dtype == ir.DataType.FLOAT16
+                )
+            )
 
     def _output(self, node: ir.Node) -> None:
         if self.cfg.placement == "kernels" or node.op_type in self.cfg.exclude_output_op_types:
@@ -178,7 +252,11 @@ class _Annotator:
                 self.plan.tensors[out.name].fixed_range = (0.0, 1.0)
 
     def _fused_activation(self, node: ir.Node, out: ir.Value) -> bool:
-        if self.cfg.keep_removable_activations or node.op_type not in _FUSES_ACTIVATION:
+        if (
+            self.cfg.keep_removable_activations
+            or not self.cfg.fuse_activations
+            or node.op_type not in _FUSES_ACTIVATION
+        ):
             return False
         users = _consumers(out)
         return (
@@ -200,11 +278,15 @@ class _Annotator:
             self.plan.skipped[node.name] = placement_reason(node)
             return
         if op in _LINEAR:
-            if len(ins) < 2 or ins[1] is None or not _is_const(ins[1]):
+            w = ins[1] if len(ins) > 1 else None
+            if w is None or not (_is_const(w) or self._prequantized(w) or self._prequantized(ins[0])):
                 self.plan.skipped[node.name] = "weight W is not a constant"
                 return
             self._act(node, ins[0])
-            self._weight(node, ins[1], _LINEAR[op])
+            if _is_const(w):
+                self._weight(node, w, _LINEAR[op])
+            elif not self._prequantized(w):
+                self._act(node, w)
             self._bias(node, ins, 2)
         elif op == "Gemm":
             self._gemm(node, ins)
@@ -218,7 +300,23 @@ class _Annotator:
                 self._weight(node, ins[1], rank - 1)
             else:
                 self._act(node, ins[1])
-        elif op in LATENT_OPS:
+        elif op == "Pad" and not self.cfg.qoperator:
+            self._pad(node, ins)
+            return
+        elif (
+            op in _NEEDS_QUANTIZED_INPUT or (op in _REMOVABLE_ACTIVATIONS and not self.cfg.fuse_activations)
+        ) and not self._input_quantized(node, _NEEDS_QUANTIZED_INPUT.get(op, 0)):
+            self.plan.skipped[node.name] = "input is not quantized"
+            return
+        elif op in _REMOVABLE_ACTIVATIONS and self._removable(node):
+            src = ins[0]
+            assert src is not None
+            self.plan.tensors.pop(src.name)  # quantized at the activation's output instead
+            self.plan.removed[node.name] = (src.name, node.outputs[0].name)
+            self._output(node)
+            self.plan.quantized_nodes.append(node.name)
+            return
+        elif op in LATENT_OPS or op == "Pad":
             src = ins[0]
             if src is None or (
                 src.name not in self.plan.tensors and not self.cfg.force_quantize_no_input_check
@@ -245,6 +343,52 @@ class _Annotator:
                             self.plan.tensors[v.name].softmax_span = SOFTMAX_SPAN
         self._output(node)
         self.plan.quantized_nodes.append(node.name)
+
+    def _pad(self, node: ir.Node, ins: list[ir.Value | None]) -> None:
+        """Pad (ORT's rule): input always quantized; the output shares its scale when padding only copies
+        input values or zeros (edge/reflect/wrap, constant 0), else gets its own; a constant pad value
+        is stored quantized like a weight with the activation type."""
+        src = ins[0]
+        self._act(node, src)
+        value = ins[2] if len(ins) > 2 else None
+        if value is not None and _is_const(value) and _is_float(value):
+            self.plan.add(
+                TensorPlan(value.name, Role.WEIGHT, dataclasses.replace(self._act_spec(node), axis=None))
+            )
+            pad_value = float(value.const_value.numpy().reshape(-1)[0]) if value.const_value.size else 0.0
+        elif value is not None:
+            pad_value = None  # computed at run time
+        else:
+            pad_value = node.attributes.get_float("value", 0.0)
+        mode = node.attributes.get_string("mode", "constant")
+        same = mode in ("reflect", "edge", "wrap") or (mode == "constant" and pad_value == 0.0)
+        self._output(node)
+        out = node.outputs[0]
+        if same and src is not None and src.name in self.plan.tensors and out.name in self.plan.tensors:
+            self.plan.share(src.name, out.name)
+        self.plan.quantized_nodes.append(node.name)
+
+    def _input_quantized(self, node: ir.Node, index: int) -> bool:
+        v = node.inputs[index] if len(node.inputs) > index else None
+        return self.cfg.force_quantize_no_input_check or (v is not None and v.name in self.plan.tensors)
+
+    def _removable(self, node: ir.Node) -> bool:
+        """ORT's removable activation: its input is quantized, read only by it, and not a graph input or
+        output; its output is quantized (so the quantizer's saturation does the clipping)."""
+        src = node.inputs[0] if node.inputs else None
+        return (
+            self.cfg.remove_activations
+            and not self.cfg.keep_removable_activations
+            and src is not None
+            and src.name in self.plan.tensors
+            and self.plan.tensors[src.name].role is Role.ACTIVATION
+            and len(_consumers(src)) == 1
+            and id(src) not in self.graph_outputs
+            and not src.is_graph_input()
+            and src.producer() is not None
+            and node.op_type not in self.cfg.exclude_output_op_types
+            and all(_is_const(v) for v in node.inputs[1:] if v is not None)
+        )
 
     def _input_fused(self, v: ir.Value | None) -> bool:
         producer = v.producer() if v is not None else None
@@ -275,6 +419,8 @@ class _Annotator:
         x, w, b = ins[0], ins[1], ins[index]
         if x is None or x.name not in self.plan.tensors or w.name not in self.plan.tensors:
             return
+        if self.plan.tensors[w.name].role is not Role.WEIGHT and not self.plan.tensors[x.name].prequantized:
+            return
         w_axis = self.plan.tensors[w.name].spec.axis
         self.plan.add(
             TensorPlan(
@@ -282,22 +428,9 @@ class _Annotator:
                 Role.BIAS,
                 dataclasses.replace(self.cfg.weight, axis=0 if w_axis is not None else None),
                 bias_of=(x.name, w.name),
+                bias_node=node.name,
             )
         )
-
-
-def nodes_between(model: ir.Model, input_nodes: Iterable[str], output_nodes: Iterable[str]) -> set[str]:
-    """vai_q_onnx's input_nodes/output_nodes: names of nodes before the first start node or after the
-    last end node in topological order (the boundary nodes themselves stay quantizable)."""
-    order = [n.name for n in model.graph]
-    starts = [order.index(n) for n in input_nodes if n in order]
-    ends = [order.index(n) for n in output_nodes if n in order]
-    excluded: set[str] = set()
-    if starts:
-        excluded.update(order[: min(starts)])
-    if ends:
-        excluded.update(order[max(ends) + 1 :])
-    return excluded
 
 
 def annotate(model: ir.Model, cfg: AnnotateConfig) -> QuantPlan:

@@ -18,14 +18,15 @@ import onnx_ir as ir
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
 from zonnx.ir.io import default_opset, save_model, to_ir, to_proto
 from zonnx.ir.large import copy_model
-from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig, annotate, nodes_between
+from zonnx.quantization.annotate import annotate
+from zonnx.quantization.annotate_config import annotate_config
 from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
+from zonnx.quantization.formats.typed_params import store_qparams_typed
 from zonnx.quantization.holdout import HoldOutReader
 from zonnx.quantization.options import parse_extra_options
-from zonnx.quantization.plan import QuantPlan
+from zonnx.quantization.plan import QuantPlan, Role
 from zonnx.quantization.sample_keeper import SampleKeeper
-from zonnx.quantization.schemes import QuantSpec, qdtype
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,11 @@ def build_config(
         raise OptionError(
             f"{fmt}: power-of-two formats are signed; use activation_type=QuantType.QInt8 (got {act})."
         )
+    if extra.block_size and (fmt != QuantFormat.QDQ or extra.target):
+        raise OptionError(
+            "extra_options['BlockSize']: block-wise weights are written as QDQ (opset 21) only; use "
+            "quant_format=QuantFormat.QDQ without a target, or remove BlockSize."
+        )
     if extra.include_fast_ft and fmt == QuantFormat.QOperator:
         raise OptionError(
             "IncludeFastFT: fast finetune rewrites weights behind DequantizeLinear/FixNeuron nodes and "
@@ -159,56 +165,6 @@ def _check_node_names(model: ir.Model, cfg: QuantConfig) -> None:
                 logger.warning(
                     "%s: no node named %r in the model.%s", option, name, did_you_mean(name, names)
                 )
-
-
-def _spec(type_name: str, symmetric: bool, restricted: bool | None, cfg: QuantConfig) -> QuantSpec:
-    """Symmetric signed types default to the restricted range (ORT); power of two keeps the full range."""
-    dtype = qdtype(type_name if type_name != "bfloat16" else "int8")
-    symmetric = symmetric or cfg.power_of_two
-    if restricted is None:
-        restricted = symmetric and dtype.signed and not cfg.power_of_two
-    return QuantSpec(dtype, symmetric=symmetric, restricted=restricted, power_of_two=cfg.power_of_two)
-
-
-def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
-    extra = cfg.extra
-    act = _spec(cfg.activation_type, extra.activation_symmetric, extra.activation_restricted_range, cfg)
-    wt = dataclasses.replace(
-        _spec(cfg.weight_type, extra.weight_symmetric, extra.weight_restricted_range, cfg),
-        reduce_range=cfg.reduce_range,
-    )
-    excluded = set(cfg.nodes_to_exclude) | nodes_between(model, cfg.input_nodes, cfg.output_nodes)
-    node_act, node_wt = {}, {}
-    op_types = set(cfg.op_types_to_quantize or QUANTIZABLE_OPS)
-    for node in model.graph:
-        override = {**cfg.op_type_overrides.get(node.op_type, {}), **cfg.node_overrides.get(node.name, {})}
-        if override.get("exclude"):
-            excluded.add(node.name)
-        if "activation_type" in override:
-            node_act[node.name] = dataclasses.replace(
-                act,
-                dtype=qdtype(resolve_type(override["activation_type"], f"node {node.name} activation_type")),
-            )
-        if "weight_type" in override:
-            node_wt[node.name] = dataclasses.replace(
-                wt, dtype=qdtype(resolve_type(override["weight_type"], f"node {node.name} weight_type"))
-            )
-    return AnnotateConfig(
-        activation=act,
-        weight=wt,
-        per_channel=cfg.per_channel,
-        op_types=frozenset(op_types),
-        nodes_to_quantize=frozenset(cfg.nodes_to_quantize),
-        nodes_to_exclude=frozenset(excluded),
-        matmul_const_b_only=extra.matmul_const_b_only,
-        force_quantize_no_input_check=extra.force_quantize_no_input_check,
-        exclude_output_op_types=frozenset(extra.op_types_to_exclude_output_quantization),
-        keep_removable_activations=extra.keep_removable_activations,
-        per_channel_axis=dict(extra.per_channel_axis),
-        node_activation=node_act,
-        node_weight=node_wt,
-        placement=extra.quant_placement,
-    )
 
 
 def _fast_finetune(
@@ -356,11 +312,22 @@ def quantize_static(
         from zonnx.quantization.control_flow import warn_control_flow
 
         warn_control_flow(model)
-    plan = annotate(model, _annotate_config(model, cfg))
-    if not plan.tensors:
-        raise OptionError(
-            "nothing to quantize: no node matched op_types_to_quantize / nodes_to_quantize "
-            f"(skipped: {dict(list(plan.skipped.items())[:5])})."
+    if cfg.extra.tensor_quant_overrides:  # checked against the model before calibration
+        from zonnx.quantization.overrides import parse_tensor_overrides
+
+        overrides = parse_tensor_overrides(cfg.extra.tensor_quant_overrides, model, cfg.activation_type)
+    plan = annotate(model, annotate_config(model, cfg))
+    if cfg.extra.tensor_quant_overrides:
+        from zonnx.quantization.overrides import apply_tensor_overrides
+
+        apply_tensor_overrides(plan, overrides)
+    if not cfg.extra.quantize_bias:
+        for name in [n for n, tp in plan.tensors.items() if tp.role is Role.BIAS]:
+            del plan.tensors[name]
+    if not plan.tensors:  # ORT writes the model unchanged; so does zonnx, and says why
+        logger.warning(
+            "nothing to quantize: no node was selected (%s); the model is written without quantization.",
+            "; ".join(f"{k}: {v}" for k, v in list(plan.skipped.items())[:5]) or "the graph has no nodes",
         )
     if imported is not None and cfg.extra.prequant_requantize:
         imported.drop_grids()  # --requantize: the dequantized model is calibrated from scratch
@@ -368,7 +335,16 @@ def quantize_static(
         logger.warning("PrequantRequantize: the model is not pre-quantized; the option changes nothing")
     actions = prequant.pin_for_plan(plan, imported, model, has_data) if imported is not None else {}
     float_model = to_proto(model)
-    stats_path = cfg.extra.load_stats or (str(calibration_cache_path) if calibration_cache_path else None)
+    stats_path = cfg.extra.load_stats
+    cache = cached = None
+    if calibration_cache_path is not None and not stats_path:
+        from zonnx.quantization.calibration.ort_cache import CalibrationCache
+
+        cache = CalibrationCache.open(calibration_cache_path, cfg.calibrate_method, cfg.extra.smooth_quant)
+        if cache.is_zonnx_stats():  # a zonnx SaveStats file: its statistics, as before
+            stats_path, cache = str(calibration_cache_path), None
+        else:
+            cached = cache.load()
     fast_ft = cfg.extra.fast_finetune if cfg.extra.include_fast_ft else None
     if fast_ft is not None and calibration_data_reader is None:
         raise OptionError(
@@ -392,9 +368,16 @@ def quantize_static(
         providers=calibration_providers,
         stats_path=stats_path,
         progress=progress,
+        cached_ranges=cached,
     )
+    if cache is not None and cached is None:
+        cache.save({n: (tp.rmin, tp.rmax) for n, tp in plan.tensors.items() if tp.rmin is not None})
     weight_and_bias_params(model, plan, cfg)
     grid_rows = prequant.grid_changes(plan, imported, model, actions) if imported is not None else None
+    if plan.removed:
+        from zonnx.quantization.formats.remove_activations import remove_activations
+
+        remove_activations(model, plan)
     counts, opset = write_model(model, plan, cfg)
     refinement = None
     if target is not None:
@@ -409,6 +392,7 @@ def quantize_static(
             recovery.recover_quantized(model, float_model, feeds, cfg, target, calibration_providers)
         )
     proto = to_proto(model)
+    store_qparams_typed(proto)
     if isinstance(model_input, str | Path):  # for `zonnx run --compare golden` on the compiled model
         kept = [p for p in proto.metadata_props if p.key != "zonnx.float_source"]
         del proto.metadata_props[:]

@@ -82,8 +82,29 @@ def resolve_method(value: Any, what: str = "calibrate_method") -> Enum:
     return method
 
 
+#: ``onnx.TensorProto`` element types ORT's call also takes for activation_type / weight_type.
+_TENSORPROTO_TYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 21: "uint4", 22: "int4"}
+#: Types ORT quantizes to that zonnx refuses (with the reason).
+_UNSUPPORTED_TYPES = {"QFLOAT8E4M3FN": "float8 (E4M3FN) quantization is not implemented by zonnx", 17: "float8 "
+                      "(E4M3FN) quantization is not implemented by zonnx"}  # fmt: skip
+
+
 def resolve_type(value: Any, what: str) -> str:
-    """QuantType (ORT's enum), ZonnxQuantType or a name -> 'int8', 'uint16', 'bfloat16', ..."""
+    """QuantType (ORT's enum), ZonnxQuantType, an onnx.TensorProto type int or a name -> 'int8', ...
+
+    ORT's call takes ``onnx.TensorProto.UINT8`` and the like as well as ``QuantType`` members.
+    """
+    if isinstance(value, int) and not isinstance(value, bool | Enum):
+        if value in _TENSORPROTO_TYPES:
+            return _TENSORPROTO_TYPES[value]
+        if value in _UNSUPPORTED_TYPES:
+            raise OptionError(f"{what} {value}: {_UNSUPPORTED_TYPES[value]}; use an integer type.")
+        raise OptionError(
+            f"{what} {value} is not an integer onnx.TensorProto type zonnx quantizes to; use one of "
+            f"{', '.join(f'{v} ({k})' for k, v in _TENSORPROTO_TYPES.items())} or a QuantType."
+        )
+    if isinstance(value, Enum) and value.name in _UNSUPPORTED_TYPES:
+        raise OptionError(f"{what} {value}: {_UNSUPPORTED_TYPES[value.name]}; use an integer QuantType.")
     qt = _by_name(value, TYPE_NAMES, what)
     if qt not in _QT_NAMES:
         raise OptionError(f"{what} {value!r} is not supported by zonnx; use one of {', '.join(TYPE_NAMES)}.")

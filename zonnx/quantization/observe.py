@@ -67,8 +67,6 @@ def _method_options(cfg: QuantConfig, name: str) -> dict[str, Any]:
 def _range(stats: TensorStats, tp: TensorPlan, cfg: QuantConfig, name: str) -> tuple[float, float]:
     qmin, qmax = tp.spec.qrange()
     lo, hi = compute_range(stats, name, qmin=qmin, qmax=qmax, **_method_options(cfg, name))
-    if cfg.extra.minimum_real_range is not None and hi - lo < cfg.extra.minimum_real_range:
-        hi = lo + cfg.extra.minimum_real_range
     return lo, hi
 
 
@@ -117,10 +115,24 @@ def calibrate_plan(
     providers: Sequence[str] | None = None,
     stats_path: str | None = None,
     progress: Callable[[int], None] | None = None,
+    cached_ranges: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, TensorStats]:
-    """Fill ``params`` of every activation in the plan; returns the statistics used."""
+    """Fill ``params`` of every activation in the plan; returns the statistics used.
+
+    ``cached_ranges`` (ORT's calibration cache) gives every activation its range without calibrating.
+    """
     name = activation_method(cfg)
     wanted = [n for n in plan.activations() if plan.tensors[n].fixed_range is None]
+    if cached_ranges is not None:
+        missing = [n for n in wanted if n not in cached_ranges]
+        if missing:
+            raise OptionError(
+                f"calibration_cache_path: no range for {len(missing)} tensor(s) of this plan, e.g. "
+                f"{missing[0]!r}; delete the cache to calibrate again."
+            )
+        for n in wanted:
+            plan.tensors[n].fixed_range = cached_ranges[n]
+        wanted = []
     if cfg.extra.load_calibration_table:
         _ranges_from_table(plan, cfg.extra.load_calibration_table, wanted)
         wanted = []
@@ -166,6 +178,23 @@ def calibrate_plan(
         save_stats(cfg.extra.save_stats, stats, float_model, methods=[name])
     for group in plan.groups():
         members = [plan.tensors[n] for n in group]
+        fixed = next((tp.fixed_params for tp in members if tp.fixed_params is not None), None)
+        if fixed is not None:  # the user's scale and zero point hold for the whole shared group
+            for tp in members:
+                tp.params = dataclasses.replace(fixed)
+                found = stats.get(tp.name)
+                if tp.convert_spec is not None and found is not None and found.batches > 0:
+                    tp.rmin, tp.rmax = _range(found, tp, cfg, name)
+            _convert_params(members)
+            continue
+        pinned = [tp for tp in members if tp.name in plan.overridden and tp.fixed_range is not None]
+        if pinned:
+            members_range = pinned[0].fixed_range  # an override's range wins over the group's union
+            params = params_from_range(members_range[0], members_range[1], pinned[0].spec)
+            for tp in members:
+                tp.rmin, tp.rmax = members_range
+                tp.params = dataclasses.replace(params) if tp.spec == pinned[0].spec else _respec(params, tp)
+            continue
         member_stats = [(tp, _fixed_stats(tp) if tp.fixed_range else stats.get(tp.name)) for tp in members]
         member_stats = [(tp, s) for tp, s in member_stats if s is not None and s.batches > 0]
         if not member_stats:
@@ -188,7 +217,24 @@ def calibrate_plan(
                 tp.rmin, tp.rmax = lo, hi
         for tp in members:
             tp.params = dataclasses.replace(params) if tp.spec == spec else _respec(params, tp)
+        _convert_params(members)
     return stats
+
+
+def _convert_params(members: list[TensorPlan]) -> None:
+    """Parameters of the 'convert' override: its own scale/zero point, or the tensor's range in its type."""
+    for tp in members:
+        if tp.convert_spec is None:
+            continue
+        if tp.convert_fixed is not None:
+            tp.convert_params = tp.convert_fixed
+        elif tp.rmin is not None and tp.rmax is not None:
+            tp.convert_params = params_from_range(tp.rmin, tp.rmax, tp.convert_spec)
+        else:
+            raise OptionError(
+                f"TensorQuantOverrides[{tp.name!r}]['convert']: the tensor has no calibrated range to convert; "
+                "give the convert scale and zero_point."
+            )
 
 
 def _ranges_from_table(plan: QuantPlan, path: str, wanted: list[str]) -> None:
@@ -226,6 +272,14 @@ def _weight_stats(name: str, w: np.ndarray, bins: int) -> TensorStats:
 def _weight_params(tp: TensorPlan, w: np.ndarray, cfg: QuantConfig) -> QuantParams:
     spec = tp.spec
     qmin, qmax = spec.qrange()
+    if tp.fixed_params is not None:
+        return tp.fixed_params
+    if tp.fixed_range is not None:  # TensorQuantOverrides rmin/rmax (per channel: arrays)
+        return params_from_range(tp.fixed_range[0], tp.fixed_range[1], spec, spec.axis)
+    if cfg.extra.block_size and not spec.power_of_two:
+        from zonnx.quantization.blocked import blocked_params
+
+        return blocked_params(tp.name, w, spec, cfg.extra.block_size)
     if spec.power_of_two:
         return pof2_params(pof2.weight_diffs_pos(w, qmin, qmax), spec)
     method = cfg.weight_method
@@ -249,7 +303,9 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
     """Fill ``params`` of weights from their values, then of biases from their input and weight."""
     inits = model.graph.initializers
     for tp in plan.tensors.values():
-        if tp.role is Role.WEIGHT and tp.name in inits:
+        if tp.prequantized:
+            tp.params = tp.fixed_params
+        elif tp.role is Role.WEIGHT and tp.name in inits:
             w = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
             tp.params = _weight_params(tp, w, cfg)
     for tp in plan.tensors.values():
@@ -265,9 +321,20 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
                 pof2.weight_diffs_pos(b, qmin, qmax), dataclasses.replace(tp.spec, axis=None)
             )
         else:
-            if not cfg.extra.disable_weight_adjust_for_int32_bias:
+            x_scale = x.params.scale
+            if x.convert_params is not None and (x.convert_recv is None or tp.bias_node in x.convert_recv):
+                x_scale = x.convert_params.scale  # the node reads the converted quantization
+            if w.params.block_size:
+                logger.warning(
+                    "bias %r stays float: its weight %r is quantized block-wise (BlockSize), which has no "
+                    "int32 bias scale",
+                    tp.name,
+                    w.name,
+                )
+                continue
+            if not cfg.extra.disable_weight_adjust_for_int32_bias and not w.prequantized:
                 b = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
-                w.params, raised = fit_weight_to_bias(b, x.params.scale, w.params)
+                w.params, raised = fit_weight_to_bias(b, x_scale, w.params)
                 if raised:
                     logger.info(
                         "weight %r: raised the scale of %d channel(s) so the int32 codes of bias %r fit",
@@ -275,4 +342,4 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
                         raised,
                         tp.name,
                     )
-            tp.params = bias_params(x.params.scale, w.params)
+            tp.params = bias_params(x_scale, w.params)

@@ -78,7 +78,8 @@ class ExtraOptions:
     # ORT / vai_q_onnx keys
     activation_symmetric: bool = False
     activation_restricted_asymmetric: bool = False
-    weight_symmetric: bool = True
+    # None = ORT's rule: symmetric for signed weight types (int4/int8/int16), asymmetric for unsigned ones
+    weight_symmetric: bool | None = None
     force_quantize_no_input_check: bool = False
     matmul_const_b_only: bool = False
     add_qdq_pair_to_weight: bool = False
@@ -96,6 +97,10 @@ class ExtraOptions:
     enable_subgraph: bool = False
     # True keeps weight scales even when an int32 bias code overflows (schemes.fit_weight_to_bias)
     disable_weight_adjust_for_int32_bias: bool = False
+    # False keeps Conv/Gemm biases float (no int32 DequantizeLinear)
+    quantize_bias: bool = True
+    # ORT's blocked weight quantization (block size along the input-channel axis); 0 = off
+    block_size: int = 0
     # zonnx keys
     weight_calibrate_method: str = "minmax"
     calib_num_bins: int = 2048
@@ -146,7 +151,7 @@ class ExtraOptions:
 KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "ActivationSymmetric": ("activation_symmetric", bool),
     "ActivationRestrictedAsymmetric": ("activation_restricted_asymmetric", bool),
-    "WeightSymmetric": ("weight_symmetric", bool),
+    "WeightSymmetric": ("weight_symmetric", (bool, type(None))),
     "ForceQuantizeNoInputCheck": ("force_quantize_no_input_check", bool),
     "MatMulConstBOnly": ("matmul_const_b_only", bool),
     "AddQDQPairToWeight": ("add_qdq_pair_to_weight", bool),
@@ -162,6 +167,8 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "QDQKeepRemovableActivations": ("keep_removable_activations", bool),
     "UseQDQContribOps": ("use_qdq_contrib_ops", bool),
     "EnableSubgraph": ("enable_subgraph", bool),
+    "QuantizeBias": ("quantize_bias", bool),
+    "BlockSize": ("block_size", int),
     "WeightCalibrateMethod": ("weight_calibrate_method", str),
     "CalibNumBins": ("calib_num_bins", int),
     "CalibNumQuantizedBins": ("calib_num_quantized_bins", int),
@@ -298,9 +305,26 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
             f"extra_options['SmoothQuantAlpha'] = {opts.smooth_quant_alpha}: must be in [0, 1] (the share of "
             "the activation range moved into the weights)."
         )
+    _refuse_unimplemented(opts)
     if not 0 < opts.calib_momentum < 1:
         raise OptionError(f"extra_options['CalibMomentum'] = {opts.calib_momentum}: must be in (0, 1).")
     return opts
+
+
+def _refuse_unimplemented(opts: ExtraOptions) -> None:
+    """ORT options whose non-default value zonnx does not implement: refused, never ignored."""
+    if opts.dedicated_qdq_pair:
+        raise OptionError(
+            "extra_options['DedicatedQDQPair'] = True: zonnx shares one QuantizeLinear/DequantizeLinear pair "
+            "between the readers of a tensor and does not write dedicated pairs; remove the key."
+        )
+    if opts.enable_subgraph:
+        raise OptionError(
+            "extra_options['EnableSubgraph'] = True: zonnx does not quantize If/Loop/Scan bodies; remove the key "
+            "(the subgraphs stay float)."
+        )
+    if opts.block_size < 0:
+        raise OptionError(f"extra_options['BlockSize'] = {opts.block_size}: must be 0 (off) or a block size.")
 
 
 #: FastFinetune key -> (field name, expected python type(s)).

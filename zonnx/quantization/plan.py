@@ -27,7 +27,8 @@ class TensorPlan:
     ``bias_of`` names (input activation, weight) for a bias; ``fixed_range`` pins an activation's range
     (Softmax/Sigmoid outputs); ``consumers`` names the nodes whose input edge carries the quantizer
     (None: every reader, graph outputs included); ``softmax_span`` caps how far below its maximum the
-    range of a Softmax input reaches (see ``annotate.SOFTMAX_SPAN``); ``params`` is filled after calibration.
+    range of a Softmax input reaches (see ``annotate.SOFTMAX_SPAN``); ``fixed_params`` replaces calibration
+    (the group of a shared scale takes them); ``params`` is filled after calibration.
     """
 
     name: str
@@ -40,6 +41,18 @@ class TensorPlan:
     rmax: float | None = None
     consumers: frozenset[str] | None = None
     softmax_span: float | None = None
+    #: parameters given by the user (TensorQuantOverrides scale/zero_point): used instead of calibration
+    fixed_params: QuantParams | None = None
+    float16: bool = False  # the tensor is float16 in the model (scales are written as float16)
+    #: TensorQuantOverrides 'convert': a second quantization for some readers (None: every reader)
+    convert_spec: QuantSpec | None = None
+    convert_fixed: QuantParams | None = None
+    convert_recv: frozenset[str] | None = None
+    convert_params: QuantParams | None = None
+    bias_node: str | None = None  # for a bias: the node it belongs to
+    #: the model already holds this tensor behind a DequantizeLinear: its parameters are that node's
+    #: (``fixed_params``) and nothing is written for it
+    prequantized: bool = False
 
 
 @dataclasses.dataclass
@@ -49,6 +62,10 @@ class QuantPlan:
     tensors: dict[str, TensorPlan] = dataclasses.field(default_factory=dict)
     quantized_nodes: list[str] = dataclasses.field(default_factory=list)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: tensors whose range the user fixed (TensorQuantOverrides rmin/rmax): it wins over their group's union
+    overridden: set[str] = dataclasses.field(default_factory=set)
+    #: Relu/Clip nodes to remove (ORT's removable activations): node name -> (input name, output name)
+    removed: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     _parent: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def add(self, tp: TensorPlan) -> TensorPlan:

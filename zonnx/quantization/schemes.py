@@ -12,6 +12,12 @@ Conventions (ORT's, which QDQ consumers expect; the Compass and TPU-MLIR documen
   when derived from a range, clamped to [-128, 127]. A scale of 0 (all-zero tensor) gives pos 127.
 - bias: int32, ``scale = s_input * s_weight`` (per channel when the weight is), zero point 0.
 - a zero range gives scale 1 and zero point 0 (quantizes every value to the zero point), as in ORT.
+- MinimumRealRange (ORT): after widening to hold 0, ``rmax = max(rmax, rmin + minimum)``.
+- ``reduce_range`` (ORT): 8-bit grids [-64, 64] (signed) and [0, 127] (unsigned); 16-bit and 4-bit
+  alike (``_REDUCED_RANGES``); the reduced grid sets the scale and zero point, while codes saturate at
+  the type's own ends, so a value that rounds one step past the grid keeps it (ORT's rule).
+- ActivationRestrictedAsymmetric (ORT, uint8 activations): zero point qmin when rmin >= 0, else the
+  middle code m = (qmin + qmax + 1) // 2 with ``scale = max(-rmin / (m - qmin), rmax / (qmax - m))``.
 """
 
 from __future__ import annotations
@@ -91,6 +97,17 @@ _QDTYPES = {
 }
 
 
+#: ORT's ``reduce_range`` grids: one bit less of magnitude, and for signed 8/16-bit both ends reachable.
+_REDUCED_RANGES = {
+    "int8": (-64, 64),
+    "uint8": (0, 127),
+    "int16": (-16384, 16384),
+    "uint16": (0, 32767),
+    "int4": (-4, 3),
+    "uint4": (0, 7),
+}
+
+
 def qdtype(name: str) -> QDType:
     if name not in _QDTYPES:
         raise OptionError(f"unknown quantized type {name!r}; use one of {', '.join(_QDTYPES)}.")
@@ -116,12 +133,13 @@ class QuantSpec:
     axis: int | None = None
     power_of_two: bool = False
     reduce_range: bool = False
+    snap_zero_point: bool = False  # ORT's ActivationRestrictedAsymmetric (asymmetric uint8 only)
+    min_real_range: float | None = None  # ORT's MinimumRealRange: rmax >= rmin + this (after holding 0)
 
     def qrange(self) -> tuple[int, int]:
-        lo, hi = self.dtype.qrange(self.restricted)
-        if self.reduce_range and self.dtype.bits == 8:
-            lo, hi = (-64, 63) if self.dtype.signed else (0, 127)
-        return lo, hi
+        if self.reduce_range and self.dtype.name in _REDUCED_RANGES:
+            return _REDUCED_RANGES[self.dtype.name]
+        return self.dtype.qrange(self.restricted)
 
 
 @dataclasses.dataclass
@@ -135,6 +153,7 @@ class QuantParams:
     pos: np.ndarray | None = None  # int, same shape as scale, when the scale is 2^-pos
     qmin: int = -128
     qmax: int = 127
+    block_size: int = 0  # > 0: one scale per block of this many values along ``axis`` (blocked.py)
 
     @property
     def per_channel(self) -> bool:
@@ -167,7 +186,11 @@ def params_from_range(
     """Scale and zero point for the range [rmin, rmax] (arrays for per-channel), per the module rules."""
     rmin = np.minimum(np.asarray(rmin, dtype=np.float64), 0.0)
     rmax = np.maximum(np.asarray(rmax, dtype=np.float64), 0.0)
+    if spec.min_real_range is not None:
+        rmax = np.maximum(rmax, rmin + spec.min_real_range)
     qmin, qmax = spec.qrange()
+    if spec.snap_zero_point and not spec.symmetric and spec.dtype.name == "uint8" and rmin.ndim == 0:
+        return _snapped_params(float(rmin), float(rmax), spec, qmin, qmax)
     if spec.symmetric:
         absmax = np.maximum(np.abs(rmin), np.abs(rmax))
         rmin, rmax = -absmax, absmax
@@ -183,8 +206,25 @@ def params_from_range(
     if spec.power_of_two:
         pos = pos_from_scale(np.where(zero, 0.0, scale))
         return pof2_params(pos, spec, axis)
+    if spec.reduce_range:  # ORT: the reduced grid sets the scale, codes saturate at the type's own ends
+        qmin, qmax = spec.dtype.qrange()
     return QuantParams(
         scale.astype(np.float32), zp.astype(spec.dtype.np_dtype), spec.dtype, axis, None, qmin, qmax
+    )
+
+
+def _snapped_params(rmin: float, rmax: float, spec: QuantSpec, qmin: int, qmax: int) -> QuantParams:
+    """ActivationRestrictedAsymmetric: zero point at qmin for a range with no negative part, else at
+    the middle code; the scale is the smallest that still holds [rmin, rmax] from that zero point."""
+    mid = (qmin + qmax + 1) // 2
+    if rmax <= rmin:  # all zero
+        zp, scale = qmin, 1.0 / (qmax - qmin)
+    elif rmin >= 0.0:
+        zp, scale = qmin, rmax / (qmax - qmin)
+    else:
+        zp, scale = mid, max(-rmin / (mid - qmin), rmax / (qmax - mid))
+    return QuantParams(
+        np.asarray(scale, np.float32), np.asarray(zp, spec.dtype.np_dtype), spec.dtype, None, None, qmin, qmax
     )
 
 
@@ -243,16 +283,24 @@ def _broadcast(p: np.ndarray, x: np.ndarray, axis: int | None) -> np.ndarray:
     return p.reshape(shape)
 
 
+def _expand(p: np.ndarray, params: QuantParams, x: np.ndarray) -> np.ndarray:
+    """Block-wise parameters repeated over their blocks (same rank as x), else the per-axis broadcast."""
+    if params.block_size:
+        axis = (params.axis or 0) % x.ndim
+        return np.repeat(p, params.block_size, axis=axis).take(range(x.shape[axis]), axis=axis)
+    return _broadcast(p, x, params.axis)
+
+
 def quantize(x: np.ndarray, params: QuantParams) -> np.ndarray:
     """Codes as QuantizeLinear computes them: round half to even of x / scale, plus zero point, saturated."""
-    scale = _broadcast(params.scale.astype(np.float32), x, params.axis)
-    zp = _broadcast(params.zero_point.astype(np.int64), x, params.axis)
+    scale = _expand(params.scale.astype(np.float32), params, np.asarray(x))
+    zp = _expand(params.zero_point.astype(np.int64), params, np.asarray(x))
     q = np.rint(np.asarray(x, np.float32) / scale).astype(np.int64) + zp
     return np.clip(q, params.qmin, params.qmax).astype(params.dtype.np_dtype)
 
 
 def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
     """(q - zero_point) * scale in float32."""
-    scale = _broadcast(params.scale.astype(np.float32), q, params.axis)
-    zp = _broadcast(params.zero_point.astype(np.int64), q, params.axis)
+    scale = _expand(params.scale.astype(np.float32), params, q)
+    zp = _expand(params.zero_point.astype(np.int64), params, q)
     return ((q.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.float32)

@@ -27,6 +27,7 @@ from __future__ import annotations
 __all__ = ["Site", "TriageResult", "find_sites", "bypass", "triage"]
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ import onnx
 
 from zonnx.errors import OptionError
 from zonnx.metrics.evaluate import FloatReference
+from zonnx.quantization.formats.remove_activations import METADATA_KEY as REMOVED_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,49 @@ def find_sites(model: onnx.ModelProto) -> list[Site]:
     return sites
 
 
+def _put_back_clipping(model: onnx.ModelProto, sites: Sequence[Site], swap: dict[str, str]) -> None:
+    """A site whose quantizer also did a removed Relu/Clip's clipping (``remove_activations``) gets that
+    Relu/Clip back on its float value, so bypassing the quantizer removes the rounding only."""
+    meta = next((p.value for p in model.metadata_props if p.key == REMOVED_KEY), None)
+    if not meta:
+        return
+    removed = json.loads(meta)
+    for site in sites:
+        if site.tensor not in removed:
+            continue
+        op, lo, hi = removed[site.tensor]
+        clipped = f"{site.tensor}_clip_bypass"
+        ins = [site.tensor]
+        if op == "Clip":
+            for bound, tag in ((lo, "min"), (hi, "max")):
+                name = f"{clipped}_{tag}" if bound is not None else ""
+                if bound is not None:
+                    model.graph.initializer.append(
+                        onnx.numpy_helper.from_array(np.array(bound, np.float32), name)
+                    )
+                ins.append(name)
+        model.graph.node.append(onnx.helper.make_node(op, ins, [clipped]))
+        swap[site.output] = clipped
+
+
+def _toposort(model: onnx.ModelProto) -> None:
+    """Nodes in an order where every input is produced before it is read (appended nodes move up)."""
+    graph = model.graph
+    known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        ready = [n for n in pending if all(i in known for i in n.input)]
+        if not ready:  # a cycle or an outer-scope name: keep the rest as it was
+            ordered += pending
+            break
+        for n in ready:
+            ordered.append(n)
+            known.update(n.output)
+        pending = [n for n in pending if n not in ready]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
 def bypass(model: onnx.ModelProto, sites: Sequence[Site]) -> onnx.ModelProto:
     """A copy of ``model`` whose readers of each site's output read the site's input instead."""
     if not sites:
@@ -101,6 +146,7 @@ def bypass(model: onnx.ModelProto, sites: Sequence[Site]) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     swap = {s.output: s.tensor for s in sites}
+    _put_back_clipping(out, sites, swap)
     outputs = {o.name for o in out.graph.output}
     for node in out.graph.node:
         for i, name in enumerate(node.input):
@@ -111,7 +157,8 @@ def bypass(model: onnx.ModelProto, sites: Sequence[Site]) -> onnx.ModelProto:
             keep = [n for n in out.graph.node if site.output not in n.output]
             del out.graph.node[:]
             out.graph.node.extend(keep)
-            out.graph.node.append(onnx.helper.make_node("Identity", [site.tensor], [site.output]))
+            out.graph.node.append(onnx.helper.make_node("Identity", [swap[site.output]], [site.output]))
+    _toposort(out)
     return out
 
 

@@ -1,4 +1,8 @@
-"""Pick the writer for the chosen format, after upgrading the opset to what the output needs."""
+"""Pick the writer for the chosen format, after upgrading the opset to what the output needs.
+
+With ``UseQDQContribOps`` (ORT) the Q/DQ nodes are written in the com.microsoft domain, whose kernels
+take 16-bit and 4-bit types at any opset, so the opset is not raised to 21 for them.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from zonnx.errors import OptionError
 from zonnx.ir.io import default_opset
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.enums import QuantFormat, VitisQuantFormat
+from zonnx.quantization.formats.common import ensure_opset
 from zonnx.quantization.formats.qdq import required_opset, write_bfloat16, write_qdq
 from zonnx.quantization.plan import QuantPlan
 
@@ -49,10 +54,25 @@ def write_model(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -> tuple[Cou
             round_mode=cfg.extra.fix_round_mode,
         )
         return counts, default_opset(model)
-    _upgrade(model, required_opset(plan), cfg)
+    contrib = cfg.extra.use_qdq_contrib_ops
+    # com.microsoft Q/DQ take 16-bit and 4-bit types at any opset: no upgrade for the types (ORT's rule)
+    _upgrade(model, 13 if contrib else required_opset(plan), cfg)
     counts = write_qdq(model, plan, add_qdq_pair_to_weight=cfg.extra.add_qdq_pair_to_weight)
     if cfg.quant_format == QuantFormat.QOperator:
         from zonnx.quantization.formats.qoperator import qdq_to_qoperator
 
         counts.update(qdq_to_qoperator(model))
+    if contrib:
+        _to_contrib_domain(model)
     return counts, default_opset(model)
+
+
+def _to_contrib_domain(model: ir.Model) -> None:
+    """UseQDQContribOps: every QuantizeLinear/DequantizeLinear moves to ORT's com.microsoft domain."""
+    moved = 0
+    for node in model.graph:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.domain in ("", "ai.onnx"):
+            node.domain = "com.microsoft"
+            moved += 1
+    if moved:
+        ensure_opset(model, "com.microsoft", 1)

@@ -73,6 +73,11 @@ def method_name(method: str | Enum) -> str:
         else:
             raise OptionError(f"calibration method {method} is not supported by the zonnx calibrator.")
     key = str(method).lower().replace("_", "").replace("-", "")
+    if key == "distribution":
+        raise OptionError(
+            "calibrate_method CalibrationMethod.Distribution (ORT's float8 calibration) is not implemented by "
+            "zonnx; use MinMax, Entropy or Percentile."
+        )
     if key not in METHODS:
         raise OptionError(
             f"unknown calibration method {method!r}.{did_you_mean(key, METHODS)} Known: {', '.join(METHODS)}."

@@ -62,7 +62,7 @@ def insert_on_value(
     """Insert nodes computing ``new = f(value)`` and make consumers read ``new`` instead of ``value``.
 
     ``consumers`` None means every consumer, including graph outputs; a graph output keeps its name
-    (the original value is renamed ``<name>_float``). The new nodes go right after the producer
+    (the original value is renamed ``<name>_QuantizeLinear_Input``, as ORT names it). The new nodes go right after the producer
     (or at the start for graph inputs and initializers).
     """
     targets = [u for u in value.uses() if consumers is None or u.node in consumers]
@@ -81,7 +81,7 @@ def insert_on_value(
         use.node.replace_input_with(use.idx, new)
     if is_output:
         original = value.name
-        value.name = f"{original}_float"
+        value.name = f"{original}_QuantizeLinear_Input"  # ORT's name (its qdq_loss_debug reads it)
         graph.outputs[:] = [new if o is value else o for o in graph.outputs]
         new.name = original
         new.type, new.shape = value.type, value.shape

@@ -7,7 +7,7 @@ output's codes; Q/DQ/Constant nodes and initializers left unused are removed aft
 
 - Integer ops (ORT 1.31 CPU kernels): Conv -> QLinearConv, MatMul -> QLinearMatMul; in domain
   com.microsoft (version 1): Gemm -> QGemm and Add, Mul, AveragePool, GlobalAveragePool
-  (channels_last=0), Concat, Sigmoid, LeakyRelu, Softmax -> QLinear<op>. Kernel type rule:
+  (channels_last=0), Concat, Sigmoid, LeakyRelu, Softmax, Where -> QLinear<op>. Kernel type rule:
   uint8 activations take uint8 or int8 weights, int8 activations int8 weights.
 - Bias: QLinearConv adds the int32 B to the accumulator, so B is at scale s_x*s_w; QGemm scales
   (acc + C) by alpha*s_a*s_b, so C is at alpha*s_a*s_b (beta folded in). The codes are reused when
@@ -44,7 +44,8 @@ from zonnx.quantization.formats.common import ValueIndex, add_initializer, ensur
 logger = logging.getLogger(__name__)
 
 MS = "com.microsoft"
-_MS_OPS = ("Add", "Mul", "AveragePool", "GlobalAveragePool", "Concat", "Sigmoid", "LeakyRelu", "Softmax")
+_MS_OPS = ("Add", "Mul", "AveragePool", "GlobalAveragePool", "Concat", "Sigmoid", "LeakyRelu", "Softmax",
+           "Where")  # fmt: skip
 #: float op -> (integer op, domain).
 INTEGER_OPS: dict[str, tuple[str, str]] = {
     "Conv": ("QLinearConv", ""),
@@ -334,7 +335,15 @@ class _Converter:
             attrs.setdefault("alpha", 0.01)
         if op == "GlobalAveragePool":
             attrs["channels_last"] = 0
-        which = (0, 1) if op in ("Add", "Mul") else tuple(range(len(node.inputs))) if op == "Concat" else (0,)
+        which = (
+            (0, 1)
+            if op in ("Add", "Mul")
+            else (1, 2)
+            if op == "Where"
+            else tuple(range(len(node.inputs)))
+            if op == "Concat"
+            else (0,)
+        )
         found = self.acts(node, which)
         if isinstance(found, str):
             return found
@@ -348,7 +357,9 @@ class _Converter:
             w, bias = weights
             attrs.pop("beta", None)
         xs = [v for dq, qp in found for v in (dq.inputs[0], qp.scale_v, self.zp(qp))]
-        inputs = {"Conv": xs + w + y + bias, "Concat": y + xs}.get(op, xs + w + bias + y)
+        inputs = {"Conv": xs + w + y + bias, "Concat": y + xs, "Where": [node.inputs[0], *xs, *y]}.get(
+            op, xs + w + bias + y
+        )
         qop, domain = INTEGER_OPS[op]
         codes = self.codes_value(node.outputs[0], out.dtype)
         name = self.index.unique(f"{node.name or codes.name}_quant")
