@@ -31,7 +31,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "quantize": {
         "calib": "", "samples": 64, "method": "", "format": "", "per_channel": "", "activation_type": "",
         "weight_type": "", "accuracy_budget": "", "metric": "", "extra_options": {}, "nodes": {},
-        "op_types": {},
+        "op_types": {}, "shards": 1, "measure_layers": 0,
     },
     "compile": {"target": "dpu-b4096", "min_nodes": 2},
     "evaluate": {"dataset": "", "samples": 0, "metric": "", "batch": 64, "backend": "local", "ray_address": ""},
@@ -39,7 +39,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 _FREE_TABLES = {("quantize", "extra_options"), ("quantize", "nodes"), ("quantize", "op_types")}
 #: Keys that change how a stage runs, not what it computes (left out of its cache key).
-_NOT_HASHED = {"evaluate": {"backend", "ray_address"}}
+_NOT_HASHED = {"evaluate": {"backend", "ray_address"}, "quantize": {"shards"}}
 
 EXAMPLE = """\
 # zonnx build config: `zonnx build build.toml` runs every stage below; a stage whose inputs and
@@ -65,6 +65,9 @@ samples = 64                     # calibration samples taken from the dataset wh
 # per_channel = true
 # activation_type = "int8"
 # accuracy_budget = 1.0          # points of the evaluate metric: search mixed precision within it
+# measure_layers = 8             # with a budget: layers whose sensitivity is measured one by one
+                                 # (as parallel tasks on [evaluate] backend)
+# shards = 4                     # calibration batches in 4 shards on [evaluate] backend (same numbers)
 # [quantize.extra_options]       # any quantize_static extra_options key
 # IncludeCLE = true
 # [quantize.nodes."Conv_3"]      # per-layer overrides

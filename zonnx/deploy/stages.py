@@ -167,6 +167,15 @@ def _already_quantized(path: Path) -> str:
     return found.format if found.format != "none" and found.quantize_nodes else ""
 
 
+def _quantize_executor(ctx: StageContext, wanted: bool) -> Any:
+    """The [evaluate] backend's executor for calibration shards and sensitivity tasks (None: not needed)."""
+    if not wanted:
+        return None
+    from zonnx.deploy.evaluate import make_executor
+
+    return make_executor(ctx.config.get("evaluate", "backend"), ctx.config.get("evaluate", "ray_address"))
+
+
 def run_quantize(ctx: StageContext) -> dict[str, Any]:
     from zonnx.quantization.api import quantize_static
     from zonnx.quantization.calibration.readers import ListReader
@@ -185,19 +194,33 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     samples = calibration_samples(calib, ctx.dataset(), ctx.source(), str(opt), int(q["samples"]))
     cfg = _quant_config(ctx)
     record: dict[str, Any] = {"calibration_samples": len(samples)}
-    if q["accuracy_budget"] != "":
-        from zonnx.quantization.search.run import quantize_with_budget
+    shards, measure = int(q["shards"]), int(q["measure_layers"])
+    if shards < 1 or measure < 0:
+        raise OptionError(f"[quantize] shards {shards} / measure_layers {measure}: give shards >= 1, measure_layers >= 0.")
+    executor = _quantize_executor(ctx, shards > 1 or (q["accuracy_budget"] != "" and measure > 0))
+    if shards > 1:
+        cfg = dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, calib_shards=shards))
+        record["calibration_shards"] = {"shards": shards, "backend": ctx.config.get("evaluate", "backend")}
+    try:
+        if q["accuracy_budget"] != "":
+            from zonnx.quantization.search.run import quantize_with_budget
 
-        metric = q["metric"] or ("cosine" if ctx.config.get("evaluate", "metric") == "accuracy" else
-                                 ctx.config.get("evaluate", "metric"))  # fmt: skip
-        result, search, config_path = quantize_with_budget(
-            opt, out, ListReader(samples), cfg, budget=float(q["accuracy_budget"]), metric=metric
-        )
-        record["search"] = {"metric": metric, "met": search.met, "table": search.table(),
-                            "config": config_path.name}  # fmt: skip
-    else:
-        stats = dataclasses.replace(cfg.extra, save_stats=str(ctx.file("calib_stats.npz")))
-        result = quantize_static(opt, out, ListReader(samples), config=dataclasses.replace(cfg, extra=stats))
+            metric = q["metric"] or ("cosine" if ctx.config.get("evaluate", "metric") == "accuracy" else
+                                     ctx.config.get("evaluate", "metric"))  # fmt: skip
+            result, search, config_path = quantize_with_budget(
+                opt, out, ListReader(samples), cfg, budget=float(q["accuracy_budget"]), metric=metric,
+                measure_layers=measure, executor=executor,
+            )  # fmt: skip
+            record["search"] = {"metric": metric, "met": search.met, "table": search.table(),
+                                "config": config_path.name}  # fmt: skip
+        else:
+            stats = dataclasses.replace(cfg.extra, save_stats=str(ctx.file("calib_stats.npz")))
+            result = quantize_static(opt, out, ListReader(samples), config=dataclasses.replace(cfg, extra=stats),
+                                     calibration_executor=executor)  # fmt: skip
+    finally:
+        close = getattr(executor, "close", None)
+        if close is not None:
+            close()
     worst = result.report.worst if result.report is not None else None
     return {
         **record,

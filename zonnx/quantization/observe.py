@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = ["calibrate_plan", "weight_and_bias_params", "activation_method"]
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -117,8 +118,13 @@ def calibrate_plan(
     providers: Sequence[str] | None = None,
     stats_path: str | None = None,
     progress: Callable[[int], None] | None = None,
+    executor: Any = None,
 ) -> dict[str, TensorStats]:
-    """Fill ``params`` of every activation in the plan; returns the statistics used."""
+    """Fill ``params`` of every activation in the plan; returns the statistics used.
+
+    With ``CalibShards`` > 1 the batches run as that many shards through ``executor`` (in process when
+    None; ``zonnx.deploy.RayExecutor`` for Ray): the statistics are the same, bit for bit.
+    """
     name = activation_method(cfg)
     wanted = [n for n in plan.activations() if plan.tensors[n].fixed_range is None]
     if cfg.extra.load_calibration_table:
@@ -142,7 +148,14 @@ def calibrate_plan(
                 "calibration_data_reader is None: give calibration data (a CalibrationDataReader, "
                 "zonnx quantize --calib DIR_OR_NPZ) or saved statistics (extra_options LoadStats)."
             )
-        stats = collect(
+        run = collect
+        if cfg.extra.calib_shards > 1:
+            from zonnx.quantization.calibration.shards import collect_sharded
+
+            run = functools.partial(collect_sharded, shards=cfg.extra.calib_shards, executor=executor)
+        elif executor is not None:
+            logger.warning("calibration executor given with CalibShards = 1: calibration runs in process")
+        stats = run(
             float_model,
             wanted,
             reader,
