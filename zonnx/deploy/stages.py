@@ -196,7 +196,9 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     record: dict[str, Any] = {"calibration_samples": len(samples)}
     shards, measure = int(q["shards"]), int(q["measure_layers"])
     if shards < 1 or measure < 0:
-        raise OptionError(f"[quantize] shards {shards} / measure_layers {measure}: give shards >= 1, measure_layers >= 0.")
+        raise OptionError(
+            f"[quantize] shards {shards} / measure_layers {measure}: give shards >= 1, measure_layers >= 0."
+        )
     executor = _quantize_executor(ctx, shards > 1 or (q["accuracy_budget"] != "" and measure > 0))
     if shards > 1:
         cfg = dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, calib_shards=shards))

@@ -73,7 +73,11 @@ def test_quantize_static_with_calib_shards_writes_the_same_scales(digits) -> Non
     extra = {"CalibHistogramSample": 1024}
     one = quantize_static(path, None, ListReader(feeds), calibrate_method="Percentile", extra_options=extra)
     sharded = quantize_static(
-        path, None, ListReader(feeds), calibrate_method="Percentile", extra_options={**extra, "CalibShards": 3}
+        path,
+        None,
+        ListReader(feeds),
+        calibrate_method="Percentile",
+        extra_options={**extra, "CalibShards": 3},
     )
     a, b = initializers(one.model), initializers(sharded.model)
     scales = [n for n in a if n.endswith("_scale")]

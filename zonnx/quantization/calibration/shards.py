@@ -69,7 +69,9 @@ def _write(aug: augment.Augmented, folder: Path) -> None:
     write_bytes_atomic(folder / _META, json.dumps(meta).encode())
 
 
-def _open(folder: str, providers: tuple[str, ...], level: int) -> tuple[ort.InferenceSession, augment.Augmented, str]:
+def _open(
+    folder: str, providers: tuple[str, ...], level: int
+) -> tuple[ort.InferenceSession, augment.Augmented, str]:
     """The session over the files in ``folder``, built as ``collect`` builds it; kept per process."""
     path = os.path.join(folder, _MODEL)
     key = (path, os.stat(path).st_mtime_ns)
@@ -167,8 +169,14 @@ def collect_sharded(
         aug.weights = []
         parts = _cut(len(feeds), shards)
         tasks = [
-            (folder, feeds[a:b], feeds[a - 1] if a > 0 else None, hist_sample, tuple(providers),
-             int(optimization_level))  # fmt: skip
+            (
+                folder,
+                feeds[a:b],
+                feeds[a - 1] if a > 0 else None,
+                hist_sample,
+                tuple(providers),
+                int(optimization_level),
+            )  # fmt: skip
             for a, b in parts
         ]
         done = 0
