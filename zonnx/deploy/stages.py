@@ -176,6 +176,20 @@ def _quantize_executor(ctx: StageContext, wanted: bool) -> Any:
     return make_executor(ctx.config.get("evaluate", "backend"), ctx.config.get("evaluate", "ray_address"))
 
 
+def _write_histograms(
+    ctx: StageContext, result: Any, samples: list[dict[str, Any]], stats: Path | None
+) -> None:
+    """``layer_histograms.json``: the worst layers' activation histograms and clipping ranges."""
+    from zonnx.deploy.histograms import worst_histograms
+    from zonnx.deploy.report_html import WORST_LAYERS, read_json
+
+    layers = (read_json(ctx.file("model_int8.onnx.report.json")) or {}).get("layers", [])
+    found = []
+    if layers and result.prepared is not None:
+        found = worst_histograms(layers, result.plan, result.prepared, samples, stats, WORST_LAYERS)
+    write_bytes_atomic(ctx.file("layer_histograms.json"), json.dumps(found).encode())
+
+
 def run_quantize(ctx: StageContext) -> dict[str, Any]:
     from zonnx.quantization.api import quantize_static
     from zonnx.quantization.calibration.readers import ListReader
@@ -188,6 +202,7 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
             "%s: the model is already quantized (%s); kept as it is, not quantized again", opt.name, kept
         )
         shutil.copyfile(opt, out)
+        write_bytes_atomic(ctx.file("layer_histograms.json"), b"[]")
         return {"output": "model_int8.onnx", "format": kept, "method": "(the source model's own)",
                 "kept": f"already quantized ({kept}): not quantized again", "layer_report": None}  # fmt: skip
     calib = ctx.config.path("quantize", "calib")
@@ -224,6 +239,7 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
         if close is not None:
             close()
     worst = result.report.worst if result.report is not None else None
+    _write_histograms(ctx, result, samples, None if "search" in record else ctx.file("calib_stats.npz"))
     return {
         **record,
         "output": "model_int8.onnx",
@@ -317,7 +333,7 @@ def _evaluate_inputs(ctx: StageContext) -> list[str | Path]:
 STAGES: tuple[Stage, ...] = (
     Stage("source", ("model",), _source_inputs, ("model.onnx",), run_source),
     Stage("optimize", ("optimize",), lambda c: [c.file("model.onnx")], ("model_opt.onnx",), run_optimize),
-    Stage("quantize", ("quantize",), _quantize_inputs, ("model_int8.onnx",), run_quantize,
+    Stage("quantize", ("quantize",), _quantize_inputs, ("model_int8.onnx", "layer_histograms.json"), run_quantize,
           extra_key=lambda c: _quant_rules_digest(c) + c.dataset() + c.source()),
     Stage("compile", ("compile",), lambda c: [c.file("model_int8.onnx"), *_target_file(c)],
           ("model_npu.onnx", "partition.json", "profile.json"), run_compile),
