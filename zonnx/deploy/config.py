@@ -80,7 +80,8 @@ min_nodes = 2
 [evaluate]
 dataset = "digits"               # digits, zoo, text-lines, NPZ file or folder, images folder, FILE.py:NAME
 samples = 450                    # 0: the whole dataset
-metric = "accuracy"              # accuracy (labels), top1, cosine, sqnr, char-accuracy, FILE.py:Class
+metric = "accuracy"              # accuracy / accuracy-top5 (labels), top1, top5, cosine, sqnr, mean-iou,
+                                 # box-f1 (detectors), char-accuracy, FILE.py:Class
 batch = 64                       # samples per evaluation task
 backend = "local"                # "ray": batches run as Ray tasks (a local Ray unless ray_address is set)
 # ray_address = "ray://head:10001"
