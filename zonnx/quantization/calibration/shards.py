@@ -13,7 +13,8 @@ histogram's bins depend on the grid at the time a batch was counted; so statisti
 shard cannot be merged bit for bit. Records folded in order give exactly the statistics, ranges and
 scales of one process. The per-batch sampling steps come from the previous batch's tensor sizes; a
 shard that starts at batch ``b > 0`` therefore also runs batch ``b - 1`` once (not folded) to get them.
-Workers keep their session between tasks (one per model file and process).
+Workers keep their session between tasks (the last model file's only). Memory: the driver holds the
+feeds and one shard's records at a time; use more shards for larger sets.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def _open(
     path = os.path.join(folder, _MODEL)
     key = (path, os.stat(path).st_mtime_ns)
     if key not in _SESSIONS:
+        _SESSIONS.clear()  # one calibration model per process: a finished run's folder is gone
         meta = json.loads(Path(folder, _META).read_text())
         model = onnx.load(path, load_external_data=False)
         with np.load(os.path.join(folder, _WEIGHTS)) as z:
