@@ -89,3 +89,16 @@ def test_quantize_static_with_calib_shards_writes_the_same_scales(digits) -> Non
 def test_calib_shards_below_one_is_refused() -> None:
     with pytest.raises(OptionError, match=r"CalibShards'\] = 0: give at least 1 shard"):
         quantize_static(zoo.get("digits_cnn"), None, None, extra_options={"CalibShards": 0})
+
+
+def test_inputs_of_different_widths_shard_exactly() -> None:
+    """PP-OCRv4 rec on lines of different widths: a shard's first batch samples with the steps of the
+    batch before it, as the one-process run does, so even the histogram samples agree."""
+    model = onnx.load(str(zoo.get("ppocr_rec")))
+    feeds = zoo.sample_inputs("ppocr_rec", 4)
+    assert len({f["x"].shape[3] for f in feeds}) > 2
+    names = [o for n in model.graph.node if n.op_type in ("Conv", "Add", "MatMul") for o in n.output][:60]
+    kw = {"methods_needed": ("percentile",), "hist_sample": 1024}
+    assert_same_stats(
+        collect(model, names, feeds, **kw), collect_sharded(model, names, feeds, shards=3, **kw)
+    )
