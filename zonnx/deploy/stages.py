@@ -209,11 +209,10 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     samples = calibration_samples(calib, ctx.dataset(), ctx.source(), str(opt), int(q["samples"]))
     cfg = _quant_config(ctx)
     record: dict[str, Any] = {"calibration_samples": len(samples)}
-    shards, measure = int(q["shards"]), int(q["measure_layers"])
-    if shards < 1 or measure < 0:
-        raise OptionError(
-            f"[quantize] shards {shards} / measure_layers {measure}: give shards >= 1, measure_layers >= 0."
-        )
+    shards, measure = q["shards"], q["measure_layers"]
+    for key, value, least in (("shards", shards, 1), ("measure_layers", measure, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise OptionError(f"[quantize] {key} = {value!r}: give a whole number >= {least}.")
     executor = _quantize_executor(ctx, shards > 1 or (q["accuracy_budget"] != "" and measure > 0))
     if shards > 1:
         cfg = dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, calib_shards=shards))
