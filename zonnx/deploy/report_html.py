@@ -113,9 +113,8 @@ def _histograms_section(data: ReportData, go: Any) -> str:
             fig.add_vline(x=edge, line={"color": "#e45756", "dash": "dash"}, row=i, col=1,
                           annotation_text=f"{label} {edge:.4g}", annotation_font_size=10)  # fmt: skip
         fig.update_yaxes(type="log", title_text="count", row=i, col=1)
-    fig.update_layout(height=260 * len(hs), bargap=0, title=(
-        "calibration histograms of the worst layers; dashed: the clipping range of the chosen scale "
-        "(red bars lie outside it)"))  # fmt: skip
+    fig.update_layout(height=260 * len(hs), bargap=0,
+                      title="dashed: clipping range of the chosen scale; red: values clipped")  # fmt: skip
     rows = [[h["tensor"], f"{h['data'][0]:.4g} .. {h['data'][1]:.4g}", f"{h['clip'][0]:.4g} .. {h['clip'][1]:.4g}"]
             for h in hs]  # fmt: skip
     return _figure_html(fig, "histograms-chart") + _table(
