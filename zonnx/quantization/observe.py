@@ -134,6 +134,8 @@ def calibrate_plan(
         from zonnx.quantization.calibration.stats_file import load_stats
 
         stats = load_stats(stats_path, float_model)
+        if cfg.extra.calib_shards > 1:
+            logger.warning("CalibShards: saved statistics are used (%s); nothing is calibrated", stats_path)
         missing = [n for n in wanted if n not in stats]
         if missing:
             raise OptionError(

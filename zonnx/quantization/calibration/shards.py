@@ -4,7 +4,8 @@ The calibration set is cut into ``shards`` contiguous runs of batches. A worker 
 calibration model from files (``calib_aug.onnx`` + ``calib_weights.npz`` in a folder every worker
 sees; sessions are never pickled), runs its batches and returns, per batch, the few reductions ORT
 computed in the graph (value count, min, max, sum, sum of squares per tensor) and the strided
-histogram sample (at most ``hist_sample`` values per tensor). The driver folds those records into
+histogram sample (at most ``hist_sample`` values per tensor; every value with ``hist_sample=None``,
+which makes the records as large as the activations). The driver folds those records into
 ``TensorStats`` in batch order with the same ``BatchFolder`` the one-process ``collect`` uses.
 
 Why records and not per-shard statistics: ORT's moving average ``old + c (new - old)`` and Compass'
