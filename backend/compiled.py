@@ -71,12 +71,22 @@ class CompiledModelError(ZonnxError):
     """A compiled model is malformed, corrupt or stale (recompile it from the quantized model)."""
 
 
+#: Ops whose output has the element type of their first input (ONNX type constraint T -> T): codes
+#: moved by one (a TFLite model's Transpose after its input quantize) are still codes.
+_SAME_TYPE_OPS = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice", "Gather",
+                  "Concat", "Split", "MaxPool", "Pad", "DepthToSpace", "SpaceToDepth", "Expand", "Tile"}  # fmt: skip
+
+
 def _is_integer_tensor(name: str, producers: dict[str, onnx.NodeProto], inputs: dict[str, int]) -> bool:
-    """An integer tensor in the source model: a quantizer's output or an integer graph input."""
-    if name in inputs:
-        return inputs[name] in _INT_TYPES.values()
-    prod = producers.get(name)
-    return prod is not None and prod.op_type in _QUANTIZERS
+    """An integer tensor in the source model: a quantizer's output or an integer graph input, or the
+    output of a same-type op (``_SAME_TYPE_OPS``) whose first input is one."""
+    while True:
+        if name in inputs:
+            return inputs[name] in _INT_TYPES.values()
+        prod = producers.get(name)
+        if prod is None or prod.op_type not in _SAME_TYPE_OPS or not prod.input:
+            return prod is not None and prod.op_type in _QUANTIZERS
+        name = prod.input[0]
 
 
 def _grid_consts(info: TensorInfo, prefix: str) -> tuple[str, str, list[onnx.TensorProto]]:

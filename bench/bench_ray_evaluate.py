@@ -6,6 +6,10 @@ per batch), for the fake-quantized and the NPU model. Ours: ``RayExecutor`` on a
 (started once, untimed; each worker opens the models on its first task, in the warmup); peer: the
 in-process ``LocalExecutor``. The scores must be equal (checked every run). Figure: lines per second;
 the ratio ours / peer is the speed-up. ``--quick``: 8 lines and 1 repeat.
+
+Second figure, on the same Ray: calibration of MobileNetV2 (random weights, 224x224; every float
+activation, percentile + moments, so histograms too) on 32 samples (8 with ``--quick``) in 2 shards
+(``collect_sharded``) against the one-process ``collect``; the statistics must be equal bit for bit.
 """
 
 from __future__ import annotations
@@ -34,6 +38,52 @@ def _models(work: Path) -> dict[str, Path]:
     return {"float": src, "int8": work / "int8.onnx", "npu": work / "npu.onnx"}
 
 
+def _calibration(ctx: BenchContext, ray: object) -> Measurement:
+    import math
+
+    import numpy as np
+    import onnx
+
+    from zonnx import zoo
+    from zonnx.quantization.calibration.collector import collect
+    from zonnx.quantization.calibration.readers import ListReader
+    from zonnx.quantization.calibration.shards import collect_sharded
+    from zonnx.quantization.observe import float_activations
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(zoo.get("mobilenetv2-random")))
+    names, n = float_activations(model), 8 if ctx.quick else 32
+    feeds = zoo.sample_inputs("mobilenetv2-random", n)
+    kw = {"methods_needed": ("percentile", "nstd")}
+    out = {}
+
+    def sharded() -> None:
+        out["ray"] = collect_sharded(model, names, ListReader(feeds), executor=ray, shards=2, **kw)
+
+    def local() -> None:
+        out["local"] = collect(model, names, ListReader(feeds), **kw)
+
+    ours, peer = BenchContext(1 if ctx.quick else min(ctx.repeat, 3), 1, ctx.quick).time_pair(sharded, local)
+    for t in names:
+        a, b = out["ray"][t], out["local"][t]
+        same = (a.min, a.max, a.batches, a.ema_min, a.mean, a.m2) == (
+            b.min,
+            b.max,
+            b.batches,
+            b.ema_min,
+            b.mean,
+            b.m2,
+        )
+        if not (
+            same
+            and np.array_equal(a.hist.counts, b.hist.counts)
+            and math.isclose(a.hist.width, b.hist.width, rel_tol=0)
+        ):
+            raise AssertionError(f"sharded statistics of {t} differ from the one-process ones")
+    note = f"MobileNetV2 {len(names)} tensors, {n} samples, 2 shards; statistics equal bit for bit"
+    return Measurement("calibration, 2 Ray shards", n / ours.median, "samples/s", HIGHER, peer="in process",
+                       peer_value=n / peer.median, note=note)  # fmt: skip
+
+
 def bench_ray_evaluate(ctx: BenchContext) -> list[Measurement]:
     from zonnx.deploy.evaluate import RayExecutor, evaluate_models
     from zonnx.quantization.search.executor import LocalExecutor
@@ -53,6 +103,7 @@ def bench_ray_evaluate(ctx: BenchContext) -> list[Measurement]:
 
             ours, peer = BenchContext(repeat, 1, ctx.quick).time_pair(lambda: run(ray, "ray"),
                                                                      lambda: run(LocalExecutor(), "local"))  # fmt: skip
+            calibration = _calibration(ctx, ray)
         finally:
             ray.close()
     same = results["ray"]["scores"] == results["local"]["scores"]
@@ -69,4 +120,5 @@ def bench_ray_evaluate(ctx: BenchContext) -> list[Measurement]:
             peer_value=lines / peer.median,
             note=note,
         ),  # fmt: skip
+        calibration,
     ]

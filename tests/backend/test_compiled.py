@@ -75,3 +75,51 @@ def test_program_runs_like_reference(fix_model: Path) -> None:
     codes = np.clip(np.rint(x[:8] / prog.inputs[0].scale[0]), prog.inputs[0].qmin, prog.inputs[0].qmax)
     out = run_program(prog, {prog.inputs[0].name: codes.astype(np.int8)})
     assert out["logits"].shape == (8, 10)
+
+
+def test_int8_codes_behind_a_transpose_are_not_quantized_again(tmp_path: Path, caplog) -> None:
+    """TFLite's pattern: QuantizeLinear -> Transpose (NHWC -> NCHW) -> the first Conv's DequantizeLinear.
+
+    The NPU input is the Transpose's int8 output: it enters the NpuSubgraph as it is (a boundary
+    QuantizeLinear on int8 made the compiled model invalid in ORT)."""
+    from onnx import numpy_helper
+
+    from zonnx.backend.session import CPU_PROVIDER, NPU_PROVIDER, InferenceSession
+    from zonnx.verify import run_ort
+
+    rng = np.random.default_rng(0)
+    consts = {
+        "xs": np.float32(0.05), "xz": np.int8(-3), "ws": np.float32(0.02), "wz": np.int8(0),
+        "wq": rng.integers(-100, 100, (4, 3, 3, 3)).astype(np.int8), "bs": np.float32(0.05 * 0.02),
+        "bz": np.int32(0), "bq": rng.integers(-500, 500, 4).astype(np.int32), "rs": np.float32(0.04),
+        "rz": np.int8(-128),
+    }  # fmt: skip
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,6,6,3] x) => (float[1,4,6,6] y) {
+            xq = QuantizeLinear(x, xs, xz)
+            xt = Transpose<perm = [0, 3, 1, 2]>(xq)
+            xd = DequantizeLinear(xt, xs, xz)
+            wd = DequantizeLinear(wq, ws, wz)
+            bd = DequantizeLinear(bq, bs, bz)
+            c = Conv<pads = [1, 1, 1, 1]>(xd, wd, bd)
+            r = Relu(c)
+            rq = QuantizeLinear(r, rs, rz)
+            y = DequantizeLinear(rq, rs, rz)
+        }""")
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items())
+    src = tmp_path / "qdq.onnx"
+    onnx.save(model, src)
+    cm = compile_model(src, "zhouyi-x2")
+    node = npu_nodes(cm.model)[0]
+    assert node.input[0] in ("xq", "xt")  # the codes themselves, no boundary QuantizeLinear
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] in ("xq", "xt") for n in cm.model.graph.node)
+    path = cm.save(tmp_path / "npu.onnx")
+    x = rng.standard_normal((1, 6, 6, 3)).astype(np.float32)
+    with caplog.at_level("WARNING"):
+        sess = InferenceSession(str(path), providers=[NPU_PROVIDER, CPU_PROVIDER])
+        got = sess.run(None, {"x": x})[0]
+    assert "cannot load" not in caplog.text  # ORT runs the compiled model (no reference fallback)
+    want = run_ort(str(src), {"x": x})["y"]
+    # the NPU's integer requantization against ORT's float QDQ: at most one output step apart
+    assert np.abs(got - want).max() <= consts["rs"] * 1.001 and (got == want).mean() > 0.9

@@ -21,6 +21,25 @@ def test_label_accuracy_counts_rows() -> None:
         LabelAccuracy().update([logits], [logits], {})
 
 
+def test_label_accuracy_top5_on_the_digits_cnn() -> None:
+    from zonnx.verify import ort_session
+
+    sess = ort_session(str(zoo.get("digits_cnn")))
+    samples = eval_samples("digits", "digits_cnn", str(zoo.get("digits_cnn")), 64)
+    top1, top5 = make_metric("accuracy", None), make_metric("accuracy-top5", None)
+    worst = LabelAccuracy(10)  # every class: always right
+    for s in samples:
+        out = sess.run(None, {"input": s["input"]})
+        for m in (top1, top5, worst):
+            m.update(out, out, s)
+    assert 0.9 <= top1.result() <= top5.result() and worst.result() == 1.0
+    logits = np.array([[9.0, 8, 7, 6, 5, 4, 3, 2, 1, 0]])  # class 4 ranked 5th, class 5 6th
+    five = LabelAccuracy(5)
+    for label in (4, 5):
+        five.update([logits], [logits], {"label": np.array([label])})
+    assert five.result() == 0.5
+
+
 def test_digits_samples_carry_labels_and_calibration_never_uses_them() -> None:
     model = str(zoo.get("digits_cnn"))
     samples = eval_samples("digits", "digits_cnn", model, 20)

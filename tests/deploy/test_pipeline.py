@@ -91,6 +91,10 @@ def test_bad_configs_say_what_to_fix(tmp_path: Path) -> None:
         build(path)
     with pytest.raises(OptionError, match=r"--from compil: no such stage. Did you mean 'compile'\?"):
         build(path, from_stage="compil")
+    path = write_config(tmp_path / "c")
+    path.write_text(path.read_text().replace("samples = 32", "samples = 32\nshards = 0"))
+    with pytest.raises(OptionError, match=r"\[quantize\] shards = 0: give a whole number >= 1"):
+        build(path)
 
 
 def test_the_example_config_is_valid_and_documents_every_section(tmp_path: Path) -> None:

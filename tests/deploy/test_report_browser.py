@@ -7,13 +7,22 @@ The page must load with no console error, and each plotly chart must be drawn: a
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-CHARTS = {"accuracy-chart": 3, "layers-chart": 5, "partition-chart": 2, "profile-chart": 5}
+from zonnx.deploy.report_html import WORST_LAYERS
+
+CHARTS = {
+    "accuracy-chart": 3,
+    "layers-chart": 5,
+    "histograms-chart": 20,
+    "partition-chart": 2,
+    "profile-chart": 5,
+}
 
 
 def _chromium() -> str:
@@ -50,10 +59,13 @@ def test_report_renders_every_chart_in_chromium(digits_build) -> None:
                 "'#' + id + ' .main-svg .point, #' + id + ' .main-svg .slice').length]))",
                 list(CHARTS),
             )
+            clip_lines = page.evaluate("document.querySelectorAll('#histograms-chart .shapelayer path').length")
             shot = page.screenshot(full_page=True)
         finally:
             browser.close()
     assert errors == [] and requests == []
+    hists = json.loads((Path(run.out_dir) / "layer_histograms.json").read_text())
+    assert len(hists) == WORST_LAYERS and clip_lines == 2 * WORST_LAYERS  # each histogram's clipping range
     for chart, least in CHARTS.items():
         assert marks[chart] >= least, (chart, marks)
     pixels = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"))

@@ -67,6 +67,25 @@ def test_top1_agreement_with_float(digits) -> None:
     assert metric.result() == 0.0
 
 
+def test_top5_agreement_with_float(digits) -> None:
+    f, q, feeds = digits["float"], digits["quant"], digits["feeds"]
+    assert evaluate(f, f, feeds, "top5") == 1.0
+    assert evaluate(f, q, feeds, "top5") >= evaluate(f, q, feeds, "top1")
+    # float's class ranked 3rd by the other model counts for top5, not top1; reversed logits never count
+    metric, top1 = load_metric("top5"), load_metric("top1")
+    for x, fl in zip(feeds, digits["fx"], strict=True):
+        other = fl.copy()
+        rows = np.arange(len(fl))
+        other[rows, fl.argmax(-1)] = np.sort(fl, axis=-1)[:, -3]  # now tied 2nd/3rd: still in the top 5
+        metric.update([fl], [other], x)
+        top1.update([fl], [other], x)
+    assert metric.result() == 1.0 and top1.result() < 0.5
+    reversed_top5 = load_metric("top5")
+    for x, fl in zip(feeds, digits["fx"], strict=True):
+        reversed_top5.update([fl], [-fl], x)
+    assert reversed_top5.result() == 0.0
+
+
 def test_builtins_refuse_outputs_that_do_not_pair(digits) -> None:
     metric = load_metric("cosine")
     with pytest.raises(MetricError, match=r"output 0 has shape \[16, 10\] in the float model and \[16, 9\]"):

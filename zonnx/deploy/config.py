@@ -31,7 +31,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "quantize": {
         "calib": "", "samples": 64, "method": "", "format": "", "per_channel": "", "activation_type": "",
         "weight_type": "", "accuracy_budget": "", "metric": "", "extra_options": {}, "nodes": {},
-        "op_types": {},
+        "op_types": {}, "shards": 1, "measure_layers": 0,
     },
     "compile": {"target": "dpu-b4096", "min_nodes": 2},
     "evaluate": {"dataset": "", "samples": 0, "metric": "", "batch": 64, "backend": "local", "ray_address": ""},
@@ -39,7 +39,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 _FREE_TABLES = {("quantize", "extra_options"), ("quantize", "nodes"), ("quantize", "op_types")}
 #: Keys that change how a stage runs, not what it computes (left out of its cache key).
-_NOT_HASHED = {"evaluate": {"backend", "ray_address"}}
+_NOT_HASHED = {"evaluate": {"backend", "ray_address"}, "quantize": {"shards"}}
 
 EXAMPLE = """\
 # zonnx build config: `zonnx build build.toml` runs every stage below; a stage whose inputs and
@@ -65,6 +65,9 @@ samples = 64                     # calibration samples taken from the dataset wh
 # per_channel = true
 # activation_type = "int8"
 # accuracy_budget = 1.0          # points of the evaluate metric: search mixed precision within it
+# measure_layers = 8             # with a budget: layers whose sensitivity is measured one by one
+                                 # (as parallel tasks on [evaluate] backend)
+# shards = 4                     # calibration batches in 4 shards on [evaluate] backend (same numbers)
 # [quantize.extra_options]       # any quantize_static extra_options key
 # IncludeCLE = true
 # [quantize.nodes."Conv_3"]      # per-layer overrides
@@ -77,7 +80,8 @@ min_nodes = 2
 [evaluate]
 dataset = "digits"               # digits, zoo, text-lines, NPZ file or folder, images folder, FILE.py:NAME
 samples = 450                    # 0: the whole dataset
-metric = "accuracy"              # accuracy (labels), top1, cosine, sqnr, char-accuracy, FILE.py:Class
+metric = "accuracy"              # accuracy / accuracy-top5 (labels), top1, top5, cosine, sqnr, mean-iou,
+                                 # box-f1 (detectors), char-accuracy, FILE.py:Class
 batch = 64                       # samples per evaluation task
 backend = "local"                # "ray": batches run as Ray tasks (a local Ray unless ray_address is set)
 # ray_address = "ray://head:10001"

@@ -39,11 +39,13 @@ Sample = dict[str, np.ndarray]
 
 
 class LabelAccuracy:
-    """Top-1 accuracy against the sample's ``label`` array (argmax over the last axis of output 0)."""
+    """Top-k accuracy against the sample's ``label`` array: the label among the ``k`` largest scores on
+    the last axis of output 0 (``k`` 1: argmax; ties broken by index)."""
 
     higher_is_better = True
 
-    def __init__(self) -> None:
+    def __init__(self, k: int = 1) -> None:
+        self.k = k
         self.right = 0
         self.rows = 0
 
@@ -52,9 +54,10 @@ class LabelAccuracy:
             raise MetricError(
                 "metric accuracy: the sample has no 'label' array; use a labelled dataset or metric cosine."
             )
-        predicted = np.asarray(quant_outputs[0]).reshape(-1, np.shape(quant_outputs[0])[-1]).argmax(axis=1)
+        scores = np.asarray(quant_outputs[0]).reshape(-1, np.shape(quant_outputs[0])[-1])
+        top = np.argsort(-scores, axis=1, kind="stable")[:, : self.k]
         labels = np.asarray(feed["label"]).reshape(-1)
-        self.right += int((predicted == labels).sum())
+        self.right += int((top == labels[:, None]).any(axis=1).sum())
         self.rows += labels.size
 
     def result(self) -> float:
@@ -64,9 +67,9 @@ class LabelAccuracy:
 
 
 def make_metric(spec: str, model_path: str | None) -> Any:
-    """A fresh metric for ``spec`` (``accuracy`` or anything ``load_metric`` takes)."""
-    if spec == "accuracy":
-        return LabelAccuracy()
+    """A fresh metric for ``spec`` (``accuracy``, ``accuracy-top5`` or anything ``load_metric`` takes)."""
+    if spec in ("accuracy", "accuracy-top5"):
+        return LabelAccuracy(5 if spec.endswith("top5") else 1)
     from zonnx.metrics.plugins import guard, load_metric
 
     return guard(load_metric(spec, model_path))

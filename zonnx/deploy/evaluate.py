@@ -86,7 +86,12 @@ def _check_answers(address: str) -> None:
 
 
 class RayExecutor:
-    """Tasks as Ray tasks: on the cluster at ``address``, or on a local Ray started here (``num_cpus``)."""
+    """Tasks as Ray tasks: on the cluster at ``address``, or on a local Ray started here (``num_cpus``).
+
+    Implements ``zonnx.quantization.search.executor.Executor``: evaluation batches, calibration shards
+    (``calibration_executor`` of ``quantize_static``) and the budget search's sensitivity tasks run on it.
+    A Ray already initialized in this process is used as it is (and left running by ``close``).
+    """
 
     def __init__(self, address: str = "", num_cpus: int = 2) -> None:
         try:

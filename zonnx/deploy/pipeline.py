@@ -100,6 +100,7 @@ def _report_data(config: BuildConfig, run: BuildRun) -> ReportData:
         summary=summary,
         accuracy=run.results.get("evaluate"),
         layers=(layers or {}).get("layers", []),
+        histograms=(read_json(out / "layer_histograms.json") or []) if q else [],
         partition=read_json(out / "partition.json") if comp else None,
         profile=read_json(out / "profile.json") if comp else None,
         search=(q.get("search") or {}).get("table"),

@@ -2,7 +2,8 @@
 
 Sections: summary table; accuracy of the float, fake-quantized (int8) and NPU models on the evaluation
 set; per-layer SQNR and cosine of the int8 model against float (the layer report of ``quantize_static``,
-worst layers in red); the partition (MACs on the NPU vs the CPU, every CPU node with its reason);
+worst layers in red); the worst layers' calibration histograms with the chosen clipping range
+(``histograms``); the partition (MACs on the NPU vs the CPU, every CPU node with its reason);
 estimated cycles and DDR bytes per NPU layer (``zonnx.backend.profile``'s cost model); the
 mixed-precision table when an accuracy search ran; the config that produced the build. Missing parts
 (a stage that did not run or failed) are said in their section, and a failed stage's error leads the page.
@@ -36,6 +37,7 @@ class ReportData:
     summary: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     accuracy: dict[str, Any] | None = None
     layers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    histograms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     partition: dict[str, Any] | None = None
     profile: dict[str, Any] | None = None
     search: list[dict[str, Any]] | None = None
@@ -90,6 +92,33 @@ def _layers_section(data: ReportData, go: Any) -> str:
         _figure_html(fig, "layers-chart")
         + "<h3>Worst layers</h3>"
         + _table(rows, ["tensor", "op", "SQNR dB", "cosine"])
+    )
+
+
+def _histograms_section(data: ReportData, go: Any) -> str:
+    """One panel per worst layer: calibration histogram (log counts) and the chosen clipping range."""
+    if not data.histograms:
+        return "<p>No activation histograms (the quantize stage did not run or kept the model as it was).</p>"
+    from plotly.subplots import make_subplots
+
+    hs = data.histograms
+    titles = [f"{h['tensor']} ({h['op_type']}, {h['sqnr_db']:.1f} dB)" for h in hs]
+    fig = make_subplots(rows=len(hs), cols=1, subplot_titles=titles, vertical_spacing=0.3 / len(hs))
+    for i, h in enumerate(hs, start=1):
+        lo, hi = h["clip"]
+        inside = ["#4c78a8" if lo <= x and x + h["width"] <= hi else "#e45756" for x in h["left"]]
+        fig.add_trace(go.Bar(x=[x + h["width"] / 2 for x in h["left"]], y=h["counts"], width=h["width"],
+                             marker_color=inside, showlegend=False, name=h["tensor"]), row=i, col=1)  # fmt: skip
+        for edge, label in ((lo, "clip min"), (hi, "clip max")):
+            fig.add_vline(x=edge, line={"color": "#e45756", "dash": "dash"}, row=i, col=1,
+                          annotation_text=f"{label} {edge:.4g}", annotation_font_size=10)  # fmt: skip
+        fig.update_yaxes(type="log", title_text="count", row=i, col=1)
+    fig.update_layout(height=260 * len(hs), bargap=0,
+                      title="dashed: clipping range of the chosen scale; red: values clipped")  # fmt: skip
+    rows = [[h["tensor"], f"{h['data'][0]:.4g} .. {h['data'][1]:.4g}", f"{h['clip'][0]:.4g} .. {h['clip'][1]:.4g}"]
+            for h in hs]  # fmt: skip
+    return _figure_html(fig, "histograms-chart") + _table(
+        rows, ["tensor", "calibration range", "clipping range"]
     )
 
 
@@ -160,6 +189,7 @@ def write_report(path: Path, data: ReportData) -> Path:
         "<h2>Summary</h2>", _table([list(r) for r in data.summary], ["", ""]),
         "<h2>Accuracy: float, int8, NPU</h2>", _accuracy_section(data, go),
         "<h2>Per-layer accuracy of the int8 model</h2>", _layers_section(data, go),
+        "<h2>Activation histograms of the worst layers</h2>", _histograms_section(data, go),
         "<h2>Partition</h2>", _partition_section(data, go),
         "<h2>Estimated NPU cost per layer</h2>", _profile_section(data, go),
         _search_section(data),

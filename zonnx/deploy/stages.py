@@ -167,6 +167,29 @@ def _already_quantized(path: Path) -> str:
     return found.format if found.format != "none" and found.quantize_nodes else ""
 
 
+def _quantize_executor(ctx: StageContext, wanted: bool) -> Any:
+    """The [evaluate] backend's executor for calibration shards and sensitivity tasks (None: not needed)."""
+    if not wanted:
+        return None
+    from zonnx.deploy.evaluate import make_executor
+
+    return make_executor(ctx.config.get("evaluate", "backend"), ctx.config.get("evaluate", "ray_address"))
+
+
+def _write_histograms(
+    ctx: StageContext, result: Any, samples: list[dict[str, Any]], stats: Path | None
+) -> None:
+    """``layer_histograms.json``: the worst layers' activation histograms and clipping ranges."""
+    from zonnx.deploy.histograms import worst_histograms
+    from zonnx.deploy.report_html import WORST_LAYERS, read_json
+
+    layers = (read_json(ctx.file("model_int8.onnx.report.json")) or {}).get("layers", [])
+    found = []
+    if layers and result.prepared is not None:
+        found = worst_histograms(layers, result.plan, result.prepared, samples, stats, WORST_LAYERS)
+    write_bytes_atomic(ctx.file("layer_histograms.json"), json.dumps(found).encode())
+
+
 def run_quantize(ctx: StageContext) -> dict[str, Any]:
     from zonnx.quantization.api import quantize_static
     from zonnx.quantization.calibration.readers import ListReader
@@ -179,26 +202,43 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
             "%s: the model is already quantized (%s); kept as it is, not quantized again", opt.name, kept
         )
         shutil.copyfile(opt, out)
+        write_bytes_atomic(ctx.file("layer_histograms.json"), b"[]")
         return {"output": "model_int8.onnx", "format": kept, "method": "(the source model's own)",
                 "kept": f"already quantized ({kept}): not quantized again", "layer_report": None}  # fmt: skip
     calib = ctx.config.path("quantize", "calib")
     samples = calibration_samples(calib, ctx.dataset(), ctx.source(), str(opt), int(q["samples"]))
     cfg = _quant_config(ctx)
     record: dict[str, Any] = {"calibration_samples": len(samples)}
-    if q["accuracy_budget"] != "":
-        from zonnx.quantization.search.run import quantize_with_budget
+    shards, measure = q["shards"], q["measure_layers"]
+    for key, value, least in (("shards", shards, 1), ("measure_layers", measure, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise OptionError(f"[quantize] {key} = {value!r}: give a whole number >= {least}.")
+    executor = _quantize_executor(ctx, shards > 1 or (q["accuracy_budget"] != "" and measure > 0))
+    if shards > 1:
+        cfg = dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, calib_shards=shards))
+        record["calibration_shards"] = {"shards": shards, "backend": ctx.config.get("evaluate", "backend")}
+    try:
+        if q["accuracy_budget"] != "":
+            from zonnx.quantization.search.run import quantize_with_budget
 
-        metric = q["metric"] or ("cosine" if ctx.config.get("evaluate", "metric") == "accuracy" else
-                                 ctx.config.get("evaluate", "metric"))  # fmt: skip
-        result, search, config_path = quantize_with_budget(
-            opt, out, ListReader(samples), cfg, budget=float(q["accuracy_budget"]), metric=metric
-        )
-        record["search"] = {"metric": metric, "met": search.met, "table": search.table(),
-                            "config": config_path.name}  # fmt: skip
-    else:
-        stats = dataclasses.replace(cfg.extra, save_stats=str(ctx.file("calib_stats.npz")))
-        result = quantize_static(opt, out, ListReader(samples), config=dataclasses.replace(cfg, extra=stats))
+            metric = q["metric"] or ("cosine" if ctx.config.get("evaluate", "metric") == "accuracy" else
+                                     ctx.config.get("evaluate", "metric"))  # fmt: skip
+            result, search, config_path = quantize_with_budget(
+                opt, out, ListReader(samples), cfg, budget=float(q["accuracy_budget"]), metric=metric,
+                measure_layers=measure, executor=executor,
+            )  # fmt: skip
+            record["search"] = {"metric": metric, "met": search.met, "table": search.table(),
+                                "config": config_path.name}  # fmt: skip
+        else:
+            stats = dataclasses.replace(cfg.extra, save_stats=str(ctx.file("calib_stats.npz")))
+            result = quantize_static(opt, out, ListReader(samples), config=dataclasses.replace(cfg, extra=stats),
+                                     calibration_executor=executor)  # fmt: skip
+    finally:
+        close = getattr(executor, "close", None)
+        if close is not None:
+            close()
     worst = result.report.worst if result.report is not None else None
+    _write_histograms(ctx, result, samples, None if "search" in record else ctx.file("calib_stats.npz"))
     return {
         **record,
         "output": "model_int8.onnx",
@@ -292,7 +332,7 @@ def _evaluate_inputs(ctx: StageContext) -> list[str | Path]:
 STAGES: tuple[Stage, ...] = (
     Stage("source", ("model",), _source_inputs, ("model.onnx",), run_source),
     Stage("optimize", ("optimize",), lambda c: [c.file("model.onnx")], ("model_opt.onnx",), run_optimize),
-    Stage("quantize", ("quantize",), _quantize_inputs, ("model_int8.onnx",), run_quantize,
+    Stage("quantize", ("quantize",), _quantize_inputs, ("model_int8.onnx", "layer_histograms.json"), run_quantize,
           extra_key=lambda c: _quant_rules_digest(c) + c.dataset() + c.source()),
     Stage("compile", ("compile",), lambda c: [c.file("model_int8.onnx"), *_target_file(c)],
           ("model_npu.onnx", "partition.json", "profile.json"), run_compile),

@@ -7,11 +7,13 @@
 - ``top1``: agreement of ``argmax`` over the last axis of the *first* output: the fraction of positions
   (batch rows, and every leading index) where ``argmax q == argmax x``. It measures agreement with
   the float model, not accuracy against labels (none are read).
+- ``top5``: the same positions; the fraction where float's ``argmax`` is among the other model's 5
+  largest scores (ties broken by index, as ``argsort``; all classes count when there are fewer than 5).
 """
 
 from __future__ import annotations
 
-__all__ = ["Cosine", "Sqnr", "Top1", "paired"]
+__all__ = ["Cosine", "Sqnr", "Top1", "TopK", "paired"]
 
 import logging
 import math
@@ -127,3 +129,36 @@ class Top1:
         if not self.positions:
             raise MetricError("metric top1: no sample was given; feed at least one.")
         return self.agree / self.positions
+
+
+class TopK:
+    """Fraction of positions where float's argmax class is among the other model's ``k`` largest (default 5)."""
+
+    higher_is_better = True
+
+    def __init__(self, k: int = 5) -> None:
+        if k < 1:
+            raise MetricError(f"metric top{k}: k must be at least 1.")
+        self.k, self.hits, self.positions, self.samples = k, 0, 0, 0
+
+    def update(
+        self, float_outputs: list[np.ndarray], quant_outputs: list[np.ndarray], feed: dict[str, np.ndarray]
+    ) -> None:
+        name = f"top{self.k}"
+        pairs = paired(name, float_outputs[:1], quant_outputs[:1], self.samples)
+        if not pairs or pairs[0][0].ndim == 0 or pairs[0][0].shape[-1] == 0:
+            shape = list(pairs[0][0].shape) if pairs else "no output"
+            raise MetricError(
+                f"metric {name}: the first output is {shape}; it needs class scores on the last axis."
+            )
+        x, q = pairs[0]
+        want = x.argmax(axis=-1)[..., None]
+        top = np.argsort(-q, axis=-1, kind="stable")[..., : self.k]
+        self.hits += int(np.count_nonzero((top == want).any(axis=-1)))
+        self.positions += int(want.size)
+        self.samples += 1
+
+    def result(self) -> float:
+        if not self.positions:
+            raise MetricError(f"metric top{self.k}: no sample was given; feed at least one.")
+        return self.hits / self.positions

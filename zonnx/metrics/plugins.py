@@ -1,4 +1,5 @@
-"""Load a metric by name (``cosine``, ``sqnr``, ``top1``, ``char-accuracy``) or from a plugin file.
+"""Load a metric by name (``cosine``, ``sqnr``, ``top1``, ``top5``, ``mean-iou``, ``box-f1``,
+``char-accuracy``) or from a plugin file.
 
 A plugin is ``path/to/file.py:ClassName``: the file is imported as a fresh module and the class is
 called with no argument, or with ``model_path=`` (the float model's path, or None) when its constructor
@@ -26,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from zonnx.errors import MetricError, ZonnxError, did_you_mean
-from zonnx.metrics.builtin import Cosine, Sqnr, Top1
+from zonnx.metrics.builtin import Cosine, Sqnr, Top1, TopK
+from zonnx.metrics.detection import BoxF1, MeanIoU
 from zonnx.metrics.ocr import CharAccuracy, model_characters
 from zonnx.metrics.protocol import Metric, as_number, higher_is_better
 
@@ -49,6 +51,9 @@ BUILTIN_METRICS: dict[str, Callable[[_ModelPath], Metric]] = {
     "cosine": lambda _: Cosine(),
     "sqnr": lambda _: Sqnr(),
     "top1": lambda _: Top1(),
+    "top5": lambda _: TopK(5),
+    "mean-iou": lambda _: MeanIoU(),
+    "box-f1": lambda _: BoxF1(),
     "char-accuracy": _char_accuracy,
     # leading and trailing spaces ignored: a crop's margins read as a space are not a reading error
     "char-accuracy-stripped": lambda path: _char_accuracy(path, "stripped"),

@@ -232,13 +232,15 @@ def quantize_static(
     output_nodes: Sequence[str] | None = None,
     config: QuantConfig | None = None,
     progress: Callable[[int], None] | None = None,
+    calibration_executor: Any = None,
 ) -> QuantizeResult:
     """Quantize a float ONNX model with static calibration; same arguments as ORT 1.31's call.
 
     Also accepts vai_q_onnx's ``input_nodes``/``output_nodes``, ``VitisQuantFormat`` and
     ``PowerOfTwoMethod``. ``calibration_cache_path`` (ORT) or ``extra_options["LoadStats"]`` reuse saved
     calibration statistics instead of running the reader. Writes ``model_output`` atomically (skip
-    writing with ``model_output=None``) and returns what was done.
+    writing with ``model_output=None``) and returns what was done. ``calibration_executor`` runs the
+    ``extra_options["CalibShards"]`` calibration shards (``zonnx.deploy.RayExecutor`` for Ray).
     """
     from zonnx.quantization.observe import calibrate_plan, weight_and_bias_params
     from zonnx.quantization.write import write_model
@@ -369,6 +371,7 @@ def quantize_static(
         stats_path=stats_path,
         progress=progress,
         cached_ranges=cached,
+        executor=calibration_executor,
     )
     if cache is not None and cached is None:
         cache.save({n: (tp.rmin, tp.rmax) for n, tp in plan.tensors.items() if tp.rmin is not None})

@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = ["calibrate_plan", "weight_and_bias_params", "activation_method"]
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -116,10 +117,13 @@ def calibrate_plan(
     stats_path: str | None = None,
     progress: Callable[[int], None] | None = None,
     cached_ranges: dict[str, tuple[float, float]] | None = None,
+    executor: Any = None,
 ) -> dict[str, TensorStats]:
     """Fill ``params`` of every activation in the plan; returns the statistics used.
 
     ``cached_ranges`` (ORT's calibration cache) gives every activation its range without calibrating.
+    With ``CalibShards`` > 1 the batches run as that many shards through ``executor`` (in process when
+    None; ``zonnx.deploy.RayExecutor`` for Ray): the statistics are the same, bit for bit.
     """
     name = activation_method(cfg)
     wanted = [n for n in plan.activations() if plan.tensors[n].fixed_range is None]
@@ -140,6 +144,8 @@ def calibrate_plan(
         from zonnx.quantization.calibration.stats_file import load_stats
 
         stats = load_stats(stats_path, float_model)
+        if cfg.extra.calib_shards > 1:
+            logger.warning("CalibShards: saved statistics are used (%s); nothing is calibrated", stats_path)
         missing = [n for n in wanted if n not in stats]
         if missing:
             raise OptionError(
@@ -154,7 +160,14 @@ def calibrate_plan(
                 "calibration_data_reader is None: give calibration data (a CalibrationDataReader, "
                 "zonnx quantize --calib DIR_OR_NPZ) or saved statistics (extra_options LoadStats)."
             )
-        stats = collect(
+        run = collect
+        if cfg.extra.calib_shards > 1:
+            from zonnx.quantization.calibration.shards import collect_sharded
+
+            run = functools.partial(collect_sharded, shards=cfg.extra.calib_shards, executor=executor)
+        elif executor is not None:
+            logger.warning("calibration executor given with CalibShards = 1: calibration runs in process")
+        stats = run(
             float_model,
             wanted,
             reader,

@@ -109,6 +109,8 @@ class ExtraOptions:
     calib_histogram_sample: int | None = 16384
     calib_nstd: float = 3.0
     calib_momentum: float = 0.9
+    # calibration batches cut into this many shards, run through quantize_static's calibration_executor
+    calib_shards: int = 1
     # None = ORT's rule: symmetric signed types use the restricted range [-(2^(b-1)-1), 2^(b-1)-1],
     # except power-of-two quantization, which uses the full range as vai_q_onnx does.
     activation_restricted_range: bool | None = None
@@ -175,6 +177,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "CalibHistogramSample": ("calib_histogram_sample", (int, type(None))),
     "CalibNStd": ("calib_nstd", (int, float)),
     "CalibMomentum": ("calib_momentum", (int, float)),
+    "CalibShards": ("calib_shards", int),
     "ActivationRestrictedRange": ("activation_restricted_range", (bool, type(None))),
     "WeightRestrictedRange": ("weight_restricted_range", (bool, type(None))),
     "Target": ("target", (str, type(None))),
@@ -306,6 +309,8 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
             "the activation range moved into the weights)."
         )
     _refuse_unimplemented(opts)
+    if opts.calib_shards < 1:
+        raise OptionError(f"extra_options['CalibShards'] = {opts.calib_shards}: give at least 1 shard.")
     if not 0 < opts.calib_momentum < 1:
         raise OptionError(f"extra_options['CalibMomentum'] = {opts.calib_momentum}: must be in (0, 1).")
     return opts

@@ -17,7 +17,7 @@ at most two batches queued, so memory stays flat however many samples there are.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_HIST_SAMPLE", "collect"]
+__all__ = ["DEFAULT_HIST_SAMPLE", "BatchFolder", "calibration_session", "collect", "first_steps", "sample_steps"]
 
 import functools
 import logging
@@ -59,7 +59,7 @@ def _primes_at_least(n: int) -> np.ndarray:
     return table
 
 
-def _steps(sizes: np.ndarray, hist_sample: int) -> np.ndarray:
+def sample_steps(sizes: np.ndarray, hist_sample: int) -> np.ndarray:
     """Sampling step per tensor: the least prime >= size / hist_sample (an odd number past the table)."""
     primes = _primes_at_least(_PRIME_TABLE_SIZE)
     k = np.maximum(-(-np.asarray(sizes, dtype=np.int64) // hist_sample), 1)
@@ -68,7 +68,7 @@ def _steps(sizes: np.ndarray, hist_sample: int) -> np.ndarray:
     )
 
 
-def _first_steps(aug: augment.Augmented, feed: dict[str, np.ndarray], hist_sample: int) -> np.ndarray:
+def first_steps(aug: augment.Augmented, feed: dict[str, np.ndarray], hist_sample: int) -> np.ndarray:
     """Steps for the first batch from the tensor sizes shape inference gives for its input shapes.
 
     Tensors whose size inference cannot tell get step 1 (every value) for this one batch.
@@ -101,10 +101,10 @@ def _first_steps(aug: augment.Augmented, feed: dict[str, np.ndarray], hist_sampl
     unknown = int((sizes <= 0).sum())
     if unknown and unknown < len(sizes):
         logger.info("histogram sampling: %d tensors of unknown size count every value in the first batch", unknown)
-    return np.where(sizes > 0, _steps(sizes, hist_sample), 1).astype(np.int64)
+    return np.where(sizes > 0, sample_steps(sizes, hist_sample), 1).astype(np.int64)
 
 
-def _session(
+def calibration_session(
     aug: augment.Augmented, providers: Sequence[Any], level: ort.GraphOptimizationLevel
 ) -> ort.InferenceSession:
     """The session over the calibration model; its large weights go in as external initializers."""
@@ -127,7 +127,7 @@ def _session(
     return sess
 
 
-class _Updater:
+class BatchFolder:
     """Folds one batch's outputs into the stats (in the caller's thread or the worker thread)."""
 
     def __init__(
@@ -173,7 +173,7 @@ class _Updater:
 
 
 class _Worker(threading.Thread):
-    def __init__(self, update: _Updater) -> None:
+    def __init__(self, update: BatchFolder) -> None:
         super().__init__(name="zonnx-calibration", daemon=True)
         self.update = update
         self.q: queue.Queue[list[np.ndarray] | None] = queue.Queue(maxsize=2)
@@ -226,13 +226,13 @@ def collect(
         t: TensorStats(t, averaging_constant=averaging_constant, momentum=momentum)
         for t in dict.fromkeys(tensor_names)
     }
-    sess = _session(aug, providers, optimization_level)
+    sess = calibration_session(aug, providers, optimization_level)
     aug.weights = []  # the session holds what it needs; the model is kept only for the first steps
     if aug.steps_input is None:
         aug.model = None
     steps = None
     out_names = [o.name for o in sess.get_outputs()]
-    update = _Updater(aug, stats, bins, out_names)
+    update = BatchFolder(aug, stats, bins, out_names)
     use_thread = threads if threads is not None else "histogram" in need
     worker = _Worker(update) if use_thread else None
     if worker is not None:
@@ -241,7 +241,7 @@ def collect(
         for b, feed in enumerate(validated(reader, proto)):
             if aug.steps_input is not None:
                 if steps is None:  # first batch: sizes from shape inference, else every value
-                    steps = _first_steps(aug, feed, hist_sample)
+                    steps = first_steps(aug, feed, hist_sample)
                     aug.model = None
                 feed[aug.steps_input] = steps
             try:
@@ -250,7 +250,7 @@ def collect(
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise CalibrationError(f"calibration sample {b}: onnxruntime failed: {msg}") from e
             if steps is not None:
-                steps = _steps(res[update.pos["sizes"]], hist_sample)
+                steps = sample_steps(res[update.pos["sizes"]], hist_sample)
             if worker is None:
                 update(res)
             elif worker.error is None:
