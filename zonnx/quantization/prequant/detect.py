@@ -39,6 +39,6 @@ def quantized_form(model: ir.Model | onnx.ModelProto) -> str | None:
         return "qoperator"
     if ("com.zonnx", "FixNeuron") in ops or ("com.zonnx", "VitisQuantizeLinear") in ops:
         return "fixneuron"
-    if ("", "DequantizeLinear") in ops:
-        return "qdq"
-    return None
+    if ("", "DequantizeLinear") in ops and ("", "QuantizeLinear") in ops:
+        return "qdq"  # activations quantized too; DequantizeLinear on constants alone (weight-only storage)
+    return None  # is a float model whose weights keep their parameters (ORT's rule, zonnx.quantization.dq_consts)
