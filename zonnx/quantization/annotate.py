@@ -13,6 +13,7 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
   the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
 - Softmax inputs: the range reaches at most ``SOFTMAX_SPAN`` below the maximum (the attention mask).
+- A Concat of unit-range scores and other values (a detection head's boxes) stays float (``traps.py``).
 - A Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused: the
   intermediate tensor gets no quantization of its own (QDQKeepRemovableActivations turns that off).
 - Everything else stays float; the plan records why for each node.
@@ -33,6 +34,7 @@ import onnx_ir as ir
 from zonnx.quantization.placement import kernel_inputs, placement_reason
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
 from zonnx.quantization.schemes import QuantSpec
+from zonnx.quantization.traps import mixed_range_concat
 
 _LINEAR = {"Conv": 0, "ConvTranspose": 1}  # op -> weight channel axis
 LATENT_OPS = {
@@ -198,6 +200,10 @@ class _Annotator:
         ins = list(node.inputs)
         if self.cfg.placement == "kernels" and not kernel_inputs(node):
             self.plan.skipped[node.name] = placement_reason(node)
+            return
+        trap = mixed_range_concat(node)
+        if trap is not None:
+            self.plan.skipped[node.name] = trap
             return
         if op in _LINEAR:
             if len(ins) < 2 or ins[1] is None or not _is_const(ins[1]):

@@ -1,0 +1,43 @@
+"""Known quantization traps that the op rules handle on purpose (see docs/design.md, "The quantizer").
+
+Detection head: ``Concat(boxes, sigmoid scores)``. A quantized Concat has one grid for all its inputs
+(every NPU concatenates by copying codes, so the targets also align its inputs to that grid). With boxes
+in pixels, ``[-5, 59]`` say, and scores in ``[0, 1]``, the shared 8-bit step is ``64 / 255 = 0.25``: every
+score lands on one of about 4 codes. The rule: a Concat that joins a unit-range output (Sigmoid,
+Softmax, HardSigmoid; through value-moving ops) with any other tensor is left float. Each branch keeps the
+quantizer of the op that made it (the scores the fixed ``[0, 1]`` grid of their Sigmoid, step 1/255), and
+the Concat, which has no MACs, runs on the CPU after the NPU on a target.
+"""
+
+from __future__ import annotations
+
+__all__ = ["UNIT_RANGE_OPS", "mixed_range_concat"]
+
+import onnx_ir as ir
+
+#: Ops whose outputs lie in [0, 1] whatever their input.
+UNIT_RANGE_OPS = frozenset({"Sigmoid", "Softmax", "HardSigmoid"})
+#: Ops that only move values: a unit-range value stays unit-range through them.
+_MOVES = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Identity", "Split"})
+
+
+def _unit_range(v: ir.Value | None) -> bool:
+    producer = v.producer() if v is not None else None
+    while producer is not None and producer.op_type in _MOVES:
+        v = producer.inputs[0]
+        producer = v.producer() if v is not None else None
+    return producer is not None and producer.op_type in UNIT_RANGE_OPS
+
+
+def mixed_range_concat(node: ir.Node) -> str | None:
+    """Why ``node`` is left float when it is a Concat of unit-range scores and other values, else None."""
+    if node.op_type != "Concat":
+        return None
+    inputs = [v for v in node.inputs if v is not None and v.const_value is None]
+    unit = [_unit_range(v) for v in inputs]
+    if any(unit) and not all(unit):
+        return (
+            "detection-head trap: Concat of unit-range scores and other values (boxes) stays float so each "
+            "branch keeps its own grid"
+        )
+    return None
