@@ -26,6 +26,7 @@ from zonnx.quantization.options import parse_extra_options
 from zonnx.quantization.plan import QuantPlan
 from zonnx.quantization.sample_keeper import SampleKeeper
 from zonnx.quantization.schemes import QuantSpec, qdtype
+from zonnx.quantization.traps import residual_stream_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -180,8 +181,11 @@ def _annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
     excluded = set(cfg.nodes_to_exclude) | nodes_between(model, cfg.input_nodes, cfg.output_nodes)
     node_act, node_wt = {}, {}
     op_types = set(cfg.op_types_to_quantize or QUANTIZABLE_OPS)
+    stream = set(residual_stream_nodes(model)) if extra.residual_stream_16 else set()
     for node in model.graph:
         override = {**cfg.op_type_overrides.get(node.op_type, {}), **cfg.node_overrides.get(node.name, {})}
+        if node.name in stream:
+            override = {"activation_type": "int16", **override}
         if override.get("exclude"):
             excluded.add(node.name)
         if "activation_type" in override:
@@ -316,6 +320,11 @@ def quantize_static(
         from zonnx.backend.targets import load_target
 
         target = load_target(cfg.extra.target)  # an unknown target fails before calibration
+        if cfg.extra.residual_stream_16 and "int16" not in target.quant.activation_dtypes:
+            raise OptionError(
+                f"extra_options['ResidualStream16']: target {target.name} takes no int16 activations "
+                f"({', '.join(target.quant.activation_dtypes)}); remove the option for this target."
+            )
         if (
             target.quant.activation_symmetric
             and not cfg.extra.activation_symmetric

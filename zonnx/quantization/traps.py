@@ -7,11 +7,18 @@ score lands on one of about 4 codes. The rule: a Concat that joins a unit-range 
 Softmax, HardSigmoid; through value-moving ops) with any other tensor is left float. Each branch keeps the
 quantizer of the op that made it (the scores the fixed ``[0, 1]`` grid of their Sigmoid, step 1/255), and
 the Concat, which has no MACs, runs on the CPU after the NPU on a target.
+
+Residual stream (``extra_options["ResidualStream16"]``): in a post-LayerNorm transformer the tensors
+around each LayerNorm (the residual Add's inputs and output, the LayerNorm's output) carry the outlier
+channels trained BERTs grow (a few channels ~10-60x the median): one 8-bit per-tensor grid leaves the
+other channels a handful of codes. When the target takes int16 activations, ``residual_stream_nodes``
+names the LayerNorms and the Adds that feed one; their activations get int16 (step /256). The attention
+mask Add is not one of them: its -10000 input would need a requantization ratio no 15-bit multiplier holds.
 """
 
 from __future__ import annotations
 
-__all__ = ["UNIT_RANGE_OPS", "mixed_range_concat"]
+__all__ = ["UNIT_RANGE_OPS", "mixed_range_concat", "residual_stream_nodes"]
 
 import onnx_ir as ir
 
@@ -41,3 +48,19 @@ def mixed_range_concat(node: ir.Node) -> str | None:
             "branch keeps its own grid"
         )
     return None
+
+
+_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
+
+
+def residual_stream_nodes(model: ir.Model) -> list[str]:
+    """Names of the LayerNorm nodes and of the two-activation Adds whose output feeds a LayerNorm."""
+    names = []
+    for node in model.graph:
+        if node.op_type in _NORMS or (
+            node.op_type == "Add"
+            and all(v is not None and v.const_value is None for v in node.inputs)
+            and any(use.node.op_type in _NORMS for use in node.outputs[0].uses())
+        ):
+            names.append(node.name)
+    return names

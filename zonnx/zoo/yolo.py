@@ -17,7 +17,16 @@ those cells, class BCE. Deterministic for a seed.
 
 from __future__ import annotations
 
-__all__ = ["CLASSES", "IMAGE", "STRIDE", "YoloTiny", "synthetic_boxes", "yolo_module", "build_yolo_det", "yolo_inputs"]
+__all__ = [
+    "CLASSES",
+    "IMAGE",
+    "STRIDE",
+    "YoloTiny",
+    "synthetic_boxes",
+    "yolo_module",
+    "build_yolo_det",
+    "yolo_inputs",
+]
 
 import logging
 import time
@@ -47,7 +56,9 @@ class YoloTiny(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.backbone = nn.Sequential(_block(3, 16, 2), _block(16, 32, 2), _block(32, 64, 2), _block(64, 64, 1))
+        self.backbone = nn.Sequential(
+            _block(3, 16, 2), _block(16, 32, 2), _block(32, 64, 2), _block(64, 64, 1)
+        )
         self.reg = nn.Sequential(_block(64, 32, 1), nn.Conv2d(32, 4, 1))
         self.cls = nn.Sequential(_block(64, 32, 1), nn.Conv2d(32, 1 + CLASSES, 1))
         g = IMAGE // STRIDE
@@ -67,7 +78,9 @@ class YoloTiny(nn.Module):
         return out.flatten(2).transpose(1, 2)
 
 
-def synthetic_boxes(n: int, seed: int) -> tuple[np.ndarray, list[list[tuple[float, float, float, float, int]]]]:
+def synthetic_boxes(
+    n: int, seed: int
+) -> tuple[np.ndarray, list[list[tuple[float, float, float, float, int]]]]:
     """``n`` images [n, 3, 64, 64] (noise plus 1-3 rectangles) and their boxes (cx, cy, w, h, class)."""
     rng = np.random.default_rng(seed)
     images = rng.normal(0.0, 0.3, (n, 3, IMAGE, IMAGE)).astype(np.float32)
@@ -94,7 +107,9 @@ def _targets(boxes: list, g: int) -> tuple[torch.Tensor, ...]:
             gx, gy = int(cx // STRIDE), int(cy // STRIDE)
             obj[i, 0, gy, gx] = 1.0
             cls[i, c, gy, gx] = 1.0
-            reg[i, :, gy, gx] = torch.tensor([cx / STRIDE - gx, cy / STRIDE - gy, np.log(w / STRIDE), np.log(h / STRIDE)])
+            reg[i, :, gy, gx] = torch.tensor(
+                [cx / STRIDE - gx, cy / STRIDE - gy, np.log(w / STRIDE), np.log(h / STRIDE)]
+            )
     return obj, cls, reg
 
 
