@@ -72,7 +72,7 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry(
             "yolo_det",
             "small YOLO-style detector (Conv-BN-SiLU, decoupled head: decoded boxes in pixels concatenated with "
-            "sigmoid scores), opset 13; trained here for seconds on synthetic rectangles",
+            "sigmoid scores), opset 13; trained here (under a minute of CPU) on synthetic rectangles",
             "zonnx.zoo.yolo:build_yolo_det",
             "zonnx.zoo.yolo:yolo_inputs",
             "trained here",

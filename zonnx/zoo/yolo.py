@@ -11,7 +11,7 @@ so one output tensor holds values in [0, 64] next to values in [0, 1]: the detec
 quantizer that gives the Concat one 8-bit grid (the scores then get about 3 codes).
 
 Weights: ``TRAIN_STEPS`` Adam steps on synthetic images (noise plus 1-3 coloured rectangles; the class
-is the colour), a few seconds on one core; objectness BCE on the cell holding a box centre, box L1 on
+is the colour), under a minute of CPU; objectness BCE on the cell holding a box centre, box L1 on
 those cells, class BCE. Deterministic for a seed.
 """
 
