@@ -4,7 +4,7 @@ Models (static shapes, ``zonnx.optimize``-d as ``zonnx build`` does):
 
 - ``bert_encoder-random`` (6 x 384 post-LN BERT, attention mask, GELU, 4 LayerNorm outlier channels):
   the mask Add + Softmax, LayerNorm inputs and the residual stream. Figure: embedding cosine (the
-  issue's metric); the note adds the centered cosine (float batch mean removed), which on this
+  issue's metric); the name adds the centered cosine (float batch mean removed), which on this
   untrained encoder is far stricter: its sentence embeddings differ by 0.7% of their norm, so a
   centered cosine of 0.99 asks for ~60 dB at the output. zhouyi-x2's recipe carries
   ``ResidualStream16``; its peer line is the same recipe without it.
@@ -13,7 +13,9 @@ Models (static shapes, ``zonnx.optimize``-d as ``zonnx build`` does):
 
 Per (model, target): ``quantize_static(**target_quantize_kwargs(T))``; fake-quant outputs with ORT
 (basic optimizations); ``compile_model`` + ``zonnx.InferenceSession`` with the NPU provider; the NPU
-share of MACs from the compiled partition. The peer is the float model (cosine 1.0); target 0.99.
+share of MACs from the compiled partition. The peer is the float model (cosine 1.0); target 0.99. The
+measurement's name carries the fake-quant figure, the details (centered cosine, box and score cosines)
+and the MAC share, since the printed tables show no notes.
 
 Run alone: ``python -m bench.runner traps`` (``--quick``: fewer samples).
 """
@@ -117,8 +119,8 @@ def _run_case(case: _Case, target: str, folder: Path, extra: dict | None = None)
     )
     npu, npu_note = case.score(npu_out, ref)
     note = (
-        f"fake-quant {fq:.4f} ({fq_note}); NPU {npu:.4f} ({npu_note}); NPU MAC share {share:.3f}; "
-        f"{len(case.calib)} calibration / {len(case.test)} test samples; {time.perf_counter() - start:.0f} s"
+        f"fake-quant {fq:.4f} ({fq_note}); NPU {npu_note}; {100 * share:.1f}% of MACs on the NPU; "
+        f"{time.perf_counter() - start:.0f} s"
     )
     return npu, note
 
@@ -154,11 +156,11 @@ def bench_traps(ctx: BenchContext) -> list[Measurement]:
                 peer, peer_value = "float", 1.0
                 if case.path.name.startswith(_BERT) and target == "zhouyi-x2":
                     peer_value, peer_note = _run_case(case, target, folder, {"ResidualStream16": False})
-                    peer, note = "recipe without ResidualStream16", f"{note}; without: {peer_note}"
+                    peer = f"recipe without ResidualStream16 ({peer_note})"
                 figure = "embedding cosine" if case.path.name.startswith(_BERT) else "min(box, score) cosine"
                 out.append(
                     Measurement(
-                        f"{case.name} {target}: NPU {figure} vs float",
+                        f"{case.name} {target}: NPU {figure} vs float; {note}",
                         value,
                         "cos",
                         HIGHER,
