@@ -423,6 +423,12 @@ REGISTRY: dict[str, Benchmark] = {
             "ORT (snapshot from ZONNX_ORT_SNAPSHOT)",
         ),
         Benchmark(
+            "traps",
+            "bench.bench_traps:bench_traps",
+            "BERT encoder (mask Add + Softmax, LayerNorm, residual stream) and YOLO-style detector (boxes next "
+            "to sigmoid scores) per NPU target: fake-quant and simulated-NPU cosine vs float, NPU MAC share",
+        ),
+        Benchmark(
             "accuracy_peers",
             "bench.bench_accuracy_peers:bench_accuracy_peers",
             "PP-OCRv4 rec char accuracy and transformer output cosine: zonnx vs NNCF (and AIMET-ONNX), each "

@@ -52,7 +52,8 @@ def target_quantize_kwargs(target_name: str, quant_format: Any = None) -> dict[s
 
     Power-of-two targets: FixNeuron (or ``quant_format``, e.g. QDQ) with MinMSE power-of-two scales and
     ``BiasCorrection``; others: QDQ with the target's activation symmetry/dtype and weight granularity,
-    MSE thresholds when activations are symmetric (min/max otherwise). ``Target`` is set.
+    MSE thresholds when activations are symmetric (min/max otherwise); ``ResidualStream16`` (int16 around
+    each LayerNorm) when the target takes int16 activations. ``Target`` is set.
     """
     from zonnx.backend.targets import load_target
     from zonnx.quantization.enums import (
@@ -82,6 +83,9 @@ def target_quantize_kwargs(target_name: str, quant_format: Any = None) -> dict[s
         )
         if rules.activation_symmetric:
             kwargs["calibrate_method"] = ZonnxCalibrationMethod.MSE
+    if "int16" in rules.activation_dtypes:
+        # the LayerNorm/residual-Add trap (zonnx.quantization.traps): int16 where the target has it
+        kwargs.setdefault("extra_options", {})["ResidualStream16"] = True
     kwargs.setdefault("extra_options", {})["Target"] = target_name
     return kwargs
 

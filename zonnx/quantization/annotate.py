@@ -17,6 +17,7 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
   the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
 - Softmax inputs: the range reaches at most ``SOFTMAX_SPAN`` below the maximum (the attention mask).
+- A Concat of unit-range scores and other values (a detection head's boxes) stays float (``traps.py``).
 - A Relu/Clip whose input is quantized and read by it alone, with asymmetric activations and no
   target (ORT's rule): the node is removed, its input takes its name and the quantization of its
   output, whose saturation does the clipping (``plan.removed``; QDQKeepRemovableActivations keeps it).
@@ -43,6 +44,7 @@ from zonnx.quantization.dq_consts import dq_params
 from zonnx.quantization.placement import kernel_inputs, placement_reason
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
 from zonnx.quantization.schemes import QuantSpec
+from zonnx.quantization.traps import mixed_range_concat
 
 _LINEAR = {"Conv": 0, "ConvTranspose": 1}  # op -> weight channel axis
 LATENT_OPS = {
@@ -276,6 +278,10 @@ class _Annotator:
         ins = list(node.inputs)
         if self.cfg.placement == "kernels" and not kernel_inputs(node):
             self.plan.skipped[node.name] = placement_reason(node)
+            return
+        trap = mixed_range_concat(node)
+        if trap is not None:
+            self.plan.skipped[node.name] = trap
             return
         if op in _LINEAR:
             w = ins[1] if len(ins) > 1 else None

@@ -22,6 +22,7 @@ from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig
 from zonnx.quantization.config import QuantConfig, resolve_type
 from zonnx.quantization.enums import QuantFormat
 from zonnx.quantization.schemes import QuantSpec, qdtype
+from zonnx.quantization.traps import residual_stream_nodes
 
 
 def _int_type(type_name: str) -> str:
@@ -61,8 +62,11 @@ def annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
     excluded = set(cfg.nodes_to_exclude) | nodes_between(model, cfg.input_nodes, cfg.output_nodes)
     node_act, node_wt = {}, {}
     op_types = set(cfg.op_types_to_quantize or QUANTIZABLE_OPS)
+    stream = set(residual_stream_nodes(model)) if cfg.extra.residual_stream_16 else set()
     for node in model.graph:
         override = {**cfg.op_type_overrides.get(node.op_type, {}), **cfg.node_overrides.get(node.name, {})}
+        if node.name in stream:  # ResidualStream16: LayerNorm and the Adds feeding it take int16
+            override = {"activation_type": "int16", **override}
         if override.get("exclude"):
             excluded.add(node.name)
         if "activation_type" in override:

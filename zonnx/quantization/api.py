@@ -274,6 +274,11 @@ def quantize_static(
         from zonnx.backend.targets import load_target
 
         target = load_target(cfg.extra.target)  # an unknown target fails before calibration
+        if cfg.extra.residual_stream_16 and "int16" not in target.quant.activation_dtypes:
+            raise OptionError(
+                f"extra_options['ResidualStream16']: target {target.name} takes no int16 activations "
+                f"({', '.join(target.quant.activation_dtypes)}); remove the option for this target."
+            )
         if (
             target.quant.activation_symmetric
             and not cfg.extra.activation_symmetric

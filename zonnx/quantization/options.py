@@ -126,6 +126,8 @@ class ExtraOptions:
     fix_round_mode: str | None = None
     # which edges carry quantizers: "ort" (every tensor of quantizable ops) or "kernels" (placement.py)
     quant_placement: str = "ort"
+    # int16 activations for the residual stream: LayerNorm inputs/outputs and the Adds feeding them (traps.py)
+    residual_stream_16: bool = False
     # calibration samples, spread over the whole set, kept for the per-layer report and the collapse check
     report_samples: int = 4
     # hold the last report_samples calibration samples out of calibration for the report (holdout.py);
@@ -190,6 +192,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "LoadCalibrationTable": ("load_calibration_table", (str, type(None))),
     "FixRoundMode": ("fix_round_mode", (str, type(None))),
     "QuantPlacement": ("quant_placement", str),
+    "ResidualStream16": ("residual_stream_16", bool),
     "ReportSamples": ("report_samples", int),
     "ReportHoldOut": ("report_holdout", bool),
     "WarnBelowCosine": ("warn_below_cosine", (int, float)),

@@ -70,6 +70,14 @@ ZOO: dict[str, ZooEntry] = {
             "zonnx.zoo.bert:bert_inputs",
         ),
         ZooEntry(
+            "yolo_det",
+            "small YOLO-style detector (Conv-BN-SiLU, decoupled head: decoded boxes in pixels concatenated with "
+            "sigmoid scores), opset 13; trained here (under a minute of CPU) on synthetic rectangles",
+            "zonnx.zoo.yolo:build_yolo_det",
+            "zonnx.zoo.yolo:yolo_inputs",
+            "trained here",
+        ),
+        ZooEntry(
             "ppocr_det",
             "PP-OCRv4 text detection (rapidocr-onnxruntime wheel)",
             None,
