@@ -1,0 +1,340 @@
+// QConv: a whole 8-bit convolution in one kernel, NHWC uint8 in, NHWC uint8 out:
+//   acc[p, o] = sum_k (col[p, k] - xzp) w[k, o]            (int32, exact: K 255 128 < 2^31, checked)
+//   y[p, o]   = clamp(((M[o] acc + K[o]) + A[o] + sel) >> s[o]) + zs, lo, hi)
+// where col is the im2col row of output position p (columns in (kh, kw, c) order, the stored pad code xzp
+// outside the input: it then adds 0) and the second line is RequantU8's int64 rule (requant.cpp) for one
+// term. Per block of output positions the im2col rows are built in a thread-local buffer that stays in
+// cache, multiplied by the weights packed once per kernel, and every finished output tile is requantized
+// straight away, so no int32 tensor ever reaches memory.
+//
+// GEMM paths, picked per kernel at creation: AVX-512 VNNI (vpdpbusd: four u8 x s8 products added to an
+// int32 lane, no intermediate saturation) when the CPU has it, else portable C++ (int32 sums, compiled for
+// x86-64-v3 and the baseline, picked at load). Every path computes the same int32 sums exactly, so the
+// results never depend on the CPU. $ZONNX_NATIVE_ISA=baseline forces the portable path (tests).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+
+#include "zonnx_native.h"
+
+namespace zonnx_native {
+namespace {
+
+constexpr int kMR = 6;      // output positions per micro-tile
+constexpr int kLanes = 16;  // output channels per vector block
+constexpr int kNV = 4;      // vector blocks per panel: a panel is 64 output channels
+static_assert(kNV == 4, "mk_vnni names four accumulators per row");
+constexpr int kPanel = kLanes * kNV;
+
+enum Kind { kPlain, kParity, kSign };
+
+bool force_baseline() {
+  const char* v = std::getenv("ZONNX_NATIVE_ISA");
+  return v != nullptr && std::strcmp(v, "baseline") == 0;
+}
+
+bool cpu_has_vnni() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+// ---- micro-kernels: c[r][j] = sum_{q < kq} sum_{t < 4} a[r][4q + t] b[q][j][t], j < nv 16 --------------
+// b is one panel: for each k-quad q, 64 lanes x 4 bytes (lanes beyond the channels hold zero weights).
+
+// Accumulators are named variables (GCC keeps them in registers; an array of vectors it spills).
+#define ZN_ACC(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
+#define ZN_ROW(r)                                                                  \
+  if constexpr (MR > r) {                                                          \
+    int32_t quad;                                                                  \
+    std::memcpy(&quad, a + r * lda + 4 * q, 4);                                    \
+    const __m512i av = _mm512_set1_epi32(quad);                                    \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                                \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                                \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                                \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, av, b3);                                \
+  }
+#define ZN_STORE(r)                                                                \
+  if constexpr (MR > r) {                                                          \
+    _mm512_storeu_si512(c + r * kPanel, c##r##0);                                  \
+    _mm512_storeu_si512(c + r * kPanel + 16, c##r##1);                             \
+    _mm512_storeu_si512(c + r * kPanel + 32, c##r##2);                             \
+    _mm512_storeu_si512(c + r * kPanel + 48, c##r##3);                             \
+  }
+
+template <int MR>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni(const uint8_t* a, int64_t lda,
+                                                                    const int8_t* b, int64_t kq, int32_t* c) {
+  ZN_ACC(0) ZN_ACC(1) ZN_ACC(2) ZN_ACC(3) ZN_ACC(4) ZN_ACC(5)
+  for (int64_t q = 0; q < kq; ++q) {
+    const int8_t* bq = b + q * kPanel * 4;
+    const __m512i b0 = _mm512_loadu_si512(bq), b1 = _mm512_loadu_si512(bq + 64);
+    const __m512i b2 = _mm512_loadu_si512(bq + 128), b3 = _mm512_loadu_si512(bq + 192);
+    ZN_ROW(0) ZN_ROW(1) ZN_ROW(2) ZN_ROW(3) ZN_ROW(4) ZN_ROW(5)
+  }
+  ZN_STORE(0) ZN_STORE(1) ZN_STORE(2) ZN_STORE(3) ZN_STORE(4) ZN_STORE(5)
+}
+#undef ZN_ACC
+#undef ZN_ROW
+#undef ZN_STORE
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void mk_portable(const uint8_t* a, int64_t lda,
+                                                                          const int8_t* b, int64_t kq,
+                                                                          int32_t* c, int mr, int nv) {
+  const int n = nv * kLanes;  // lanes beyond it hold zero weights
+  for (int r = 0; r < mr; ++r) {
+    int32_t acc[kPanel] = {0};
+    const uint8_t* ar = a + r * lda;
+    for (int64_t q = 0; q < kq; ++q) {
+      const int32_t x0 = ar[4 * q], x1 = ar[4 * q + 1], x2 = ar[4 * q + 2], x3 = ar[4 * q + 3];
+      const int8_t* bq = b + q * kPanel * 4;
+      for (int j = 0; j < n; ++j)
+        acc[j] += x0 * bq[4 * j] + x1 * bq[4 * j + 1] + x2 * bq[4 * j + 2] + x3 * bq[4 * j + 3];
+    }
+    std::memcpy(c + r * kPanel, acc, sizeof(int32_t) * static_cast<size_t>(n));
+  }
+}
+
+using VnniFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int32_t*);
+VnniFn vnni_kernel(int mr) {
+  switch (mr) {
+    case 1: return mk_vnni<1>;
+    case 2: return mk_vnni<2>;
+    case 3: return mk_vnni<3>;
+    case 4: return mk_vnni<4>;
+    case 5: return mk_vnni<5>;
+    default: return mk_vnni<6>;
+  }
+}
+
+// ---- requantization of one output position's channels (RequantU8's single-shift int64 rule) ----------
+template <int KIND>
+inline __attribute__((always_inline)) void rq_loop(const int32_t* __restrict acc, const int32_t* __restrict zw,
+                                                   uint8_t* __restrict y, int n, const int64_t* __restrict m,
+                                                   const int64_t* __restrict k, const int64_t* __restrict s,
+                                                   const int64_t* __restrict a, const int64_t* __restrict b,
+                                                   int64_t zs, int64_t lo, int64_t hi) {
+  for (int j = 0; j < n; ++j) {
+    const int64_t p = m[j] * static_cast<int64_t>(acc[j] - zw[j]) + k[j];
+    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[j]) : (p >> 63)) & b[j]);
+    int64_t v = ((p + a[j] + sel) >> s[j]) + zs;
+    v = v < lo ? lo : (v > hi ? hi : v);
+    y[j] = static_cast<uint8_t>(v);
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "default"))) void rq_row(
+    const int32_t* acc, const int32_t* zw, uint8_t* y, int n, const int64_t* m, const int64_t* k,
+    const int64_t* s, const int64_t* a, const int64_t* b, int64_t zs, int64_t lo, int64_t hi, int kind) {
+  if (kind == kPlain) rq_loop<kPlain>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+  else if (kind == kParity) rq_loop<kParity>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+  else rq_loop<kSign>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+}
+
+struct QConvKernel {
+  int64_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, xzp;
+  int64_t zs, lo, hi;
+  int kind;
+  std::vector<int64_t> mult, cnst, shift, addend, bmask;
+  bool vnni;
+  // packed weights, made on the first run (the weights are a constant input): panels of 64 channels
+  std::once_flag packed_once;
+  int64_t k = 0, kp = 0, outs = 0;
+  std::vector<int8_t> packed;
+  std::vector<int32_t> zw;  // xzp sum_k w[k, o]
+
+  explicit QConvKernel(const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo ki(info);
+    auto kk = ki.GetAttributes<int64_t>("kernel");
+    auto s = ki.GetAttributes<int64_t>("strides");
+    auto d = ki.GetAttributes<int64_t>("dilations");
+    auto p = ki.GetAttributes<int64_t>("pads");
+    if (kk.size() != 2 || s.size() != 2 || d.size() != 2 || p.size() != 4)
+      throw std::runtime_error("QConv: kernel, strides, dilations take 2 values and pads 4");
+    kh = kk[0]; kw = kk[1]; sh = s[0]; sw = s[1]; dh = d[0]; dw = d[1];
+    pt = p[0]; pl = p[1]; pb = p[2]; pr = p[3];
+    xzp = ki.GetAttribute<int64_t>("x_zero_point");
+    if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0 || pb < 0 || pr < 0 ||
+        xzp < 0 || xzp > 255)
+      throw std::runtime_error("QConv: bad kernel, stride, dilation, pad or zero point attribute");
+    mult = ki.GetAttributes<int64_t>("mult");
+    cnst = ki.GetAttributes<int64_t>("cnst");
+    shift = ki.GetAttributes<int64_t>("shift");
+    const int64_t mode = ki.GetAttribute<int64_t>("mode");
+    zs = ki.GetAttribute<int64_t>("zs");
+    lo = ki.GetAttribute<int64_t>("lo");
+    hi = ki.GetAttribute<int64_t>("hi");
+    if (mult.empty() || mult.size() != cnst.size() || mult.size() != shift.size() || mode < 0 || mode > 6 ||
+        lo < 0 || hi > 255 || lo > hi)
+      throw std::runtime_error("QConv: inconsistent requantization attributes (mult, cnst, shift, mode, lo, hi)");
+    for (int64_t v : shift) {
+      if (v < 0 || v > 62) throw std::runtime_error("QConv: shift outside [0, 62]");
+      const int64_t half = v > 0 ? (int64_t{1} << (v - 1)) : 0, full = (int64_t{1} << v) - 1;
+      int64_t a = 0, b = 0;
+      switch (mode) {  // the modes of ROUND_MODES: half_up, half_even, half_away, half_down, floor, ceil, trunc
+        case 0: a = half; break;
+        case 1: a = v > 0 ? half - 1 : 0; b = v > 0 ? 1 : 0; break;
+        case 2: a = half; b = v > 0 ? -1 : 0; break;
+        case 3: a = v > 0 ? half - 1 : 0; break;
+        case 4: break;
+        case 5: a = full; break;
+        default: b = full; break;
+      }
+      addend.push_back(a);
+      bmask.push_back(b);
+    }
+    kind = mode == 1 ? kParity : ((mode == 2 || mode == 6) ? kSign : kPlain);
+    vnni = cpu_has_vnni() && !force_baseline();
+  }
+
+  void pack(const int8_t* w, int64_t kdim, int64_t o) {
+    k = kdim;
+    kp = (kdim + 3) / 4 * 4;
+    outs = o;
+    const int64_t panels = (o + kPanel - 1) / kPanel;
+    packed.assign(static_cast<size_t>(panels * kp * kPanel), 0);
+    zw.assign(static_cast<size_t>(panels * kPanel), 0);
+    for (int64_t pn = 0; pn < panels; ++pn) {
+      const int64_t o0 = pn * kPanel;
+      int8_t* dst = packed.data() + pn * kp * kPanel;
+      for (int64_t q = 0; q < kp / 4; ++q)
+        for (int j = 0; j < kPanel; ++j)
+          for (int t = 0; t < 4; ++t) {
+            const int64_t kk = 4 * q + t, oc = o0 + j;
+            dst[(q * kPanel + j) * 4 + t] = (kk < kdim && oc < o) ? w[kk * o + oc] : 0;
+          }
+    }
+    for (int64_t oc = 0; oc < o; ++oc) {
+      int64_t sum = 0;
+      for (int64_t kk = 0; kk < kdim; ++kk) sum += w[kk * o + oc];
+      zw[static_cast<size_t>(oc)] = static_cast<int32_t>(xzp * sum);
+    }
+  }
+
+  // The im2col rows of output positions [r0, r0 + rows) into col (kp bytes each, tail zero).
+  void im2col(const uint8_t* x, int64_t h, int64_t w, int64_t c, int64_t oh, int64_t ow, int64_t r0,
+              int64_t rows, uint8_t* col) const {
+    const uint8_t pad = static_cast<uint8_t>(xzp);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pix = r0 + r;
+      const int64_t b = pix / (oh * ow), oy = (pix / ow) % oh, ox = pix % ow;
+      uint8_t* dst = col + r * kp;
+      for (int64_t i = 0; i < kh; ++i) {
+        const int64_t iy = oy * sh - pt + i * dh;
+        const int64_t ix0 = ox * sw - pl;
+        if (dw == 1 && iy >= 0 && iy < h && ix0 >= 0 && ix0 + kw <= w) {
+          std::memcpy(dst, x + ((b * h + iy) * w + ix0) * c, static_cast<size_t>(kw * c));
+          dst += kw * c;
+          continue;
+        }
+        for (int64_t j = 0; j < kw; ++j, dst += c) {
+          const int64_t ix = ix0 + j * dw;
+          if (iy < 0 || iy >= h || ix < 0 || ix >= w) std::memset(dst, pad, static_cast<size_t>(c));
+          else std::memcpy(dst, x + ((b * h + iy) * w + ix) * c, static_cast<size_t>(c));
+        }
+      }
+      if (kp > k) std::memset(dst, 0, static_cast<size_t>(kp - k));
+    }
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    Ort::ConstValue xv = ctx.GetInput(0), wv = ctx.GetInput(1);
+    auto xi = xv.GetTensorTypeAndShapeInfo();
+    auto wi = wv.GetTensorTypeAndShapeInfo();
+    auto shape = xi.GetShape();
+    auto wshape = wi.GetShape();
+    if (xi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape.size() != 4)
+      throw std::runtime_error("QConv: input must be uint8 NHWC rank 4");
+    if (wi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 || wshape.size() != 2)
+      throw std::runtime_error("QConv: weights must be int8 [kh kw C, O]");
+    const int64_t n = shape[0], h = shape[1], w = shape[2], c = shape[3];
+    const int64_t kdim = wshape[0], o = wshape[1];
+    if (kdim != kh * kw * c) throw std::runtime_error("QConv: weight rows differ from kh kw C");
+    if (static_cast<int64_t>(mult.size()) != o) throw std::runtime_error("QConv: requantization channels differ from O");
+    if (kdim * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
+    const int64_t eh = (kh - 1) * dh + 1, ew = (kw - 1) * dw + 1;
+    if (h + pt + pb < eh || w + pl + pr < ew) throw std::runtime_error("QConv: kernel larger than the padded input");
+    const int64_t oh = (h + pt + pb - eh) / sh + 1, ow = (w + pl + pr - ew) / sw + 1;
+    std::call_once(packed_once, [&] { pack(static_cast<const int8_t*>(wv.GetTensorRawData()), kdim, o); });
+    if (k != kdim || outs != o) throw std::runtime_error("QConv: weight shape changed between runs");
+    Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, o});
+    uint8_t* y = static_cast<uint8_t*>(out.GetTensorMutableRawData());
+    const uint8_t* x = static_cast<const uint8_t*>(xv.GetTensorRawData());
+    const int64_t total = n * oh * ow;
+    if (total == 0) return;
+    // a 1x1, stride 1, unpadded conv with C % 4 == 0 reads the input rows in place
+    const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0 &&
+                        kp == k;
+    // positions per block: the block's im2col rows within about 256 KB
+    const int64_t block = std::clamp<int64_t>((262144 / kp) / kMR * kMR, kMR, 40 * kMR);
+    const size_t tasks = static_cast<size_t>((total + block - 1) / block);
+    parallel_for(ctx, tasks, [&](size_t task) {
+      thread_local std::vector<uint8_t> scratch;
+      const int64_t r0 = static_cast<int64_t>(task) * block, rows = std::min<int64_t>(block, total - r0);
+      const uint8_t* col = x + r0 * c;
+      if (!direct) {
+        if (scratch.size() < static_cast<size_t>(block * kp)) scratch.resize(static_cast<size_t>(block * kp));
+        im2col(x, h, w, c, oh, ow, r0, rows, scratch.data());
+        col = scratch.data();
+      }
+      alignas(64) int32_t tile[kMR * kPanel];
+      const int64_t panels = (o + kPanel - 1) / kPanel;
+      for (int64_t pn = 0; pn < panels; ++pn) {
+        const int64_t o0 = pn * kPanel;
+        const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
+        const int nv = (nch + kLanes - 1) / kLanes;
+        const int8_t* bp = packed.data() + pn * kp * kPanel;
+        for (int64_t r = 0; r < rows; r += kMR) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
+          if (vnni) vnni_kernel(mr)(col + r * kp, kp, bp, kp / 4, tile);
+          else mk_portable(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
+          for (int i = 0; i < mr; ++i)
+            rq_row(tile + i * kPanel, zw.data() + o0, y + (r0 + r + i) * o + o0, nch, mult.data() + o0,
+                   cnst.data() + o0, shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
+        }
+      }
+    });
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      Compute(context);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
+    }
+  }
+};
+
+struct QConvOp : Ort::CustomOpBase<QConvOp, QConvKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new QConvKernel(info);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string("zonnx.native ") + e.what()).c_str());
+    }
+  }
+  const char* GetName() const { return "QConv"; }
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
+};
+
+}  // namespace
+
+const OrtCustomOp* qconv_op() {
+  static const QConvOp op;
+  return &op;
+}
+
+int qconv_isa() { return cpu_has_vnni() && !force_baseline() ? 2 : 0; }
+
+}  // namespace zonnx_native
