@@ -14,12 +14,16 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 
 #include "zonnx_native.h"
+
+// GCC 12 warns inside its own AVX-512 intrinsics headers (_mm512_undefined_* as "maybe uninitialized").
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace zonnx_native {
 namespace {
@@ -45,6 +49,39 @@ bool cpu_has_vnni() {
 // ---- micro-kernels: c[r][j] = sum_{q < kq} sum_{t < 4} a[r][4q + t] b[q][j][t], j < nv 16 --------------
 // b is one panel: for each k-quad q, 64 lanes x 4 bytes (lanes beyond the channels hold zero weights).
 
+// Requantization arguments of one panel (arrays padded to 64 channels) and one output row's destination.
+struct RqArgs {
+  const int32_t* zw;
+  const int64_t *m, *k, *s, *a, *b;
+  int64_t zs, lo, hi;
+  int nch;
+};
+
+// RequantU8's single-shift int64 rule on 16 accumulators (channels j0 .. j0 + 15) in registers, stored as
+// bytes: the same integers as rq_loop, 8 int64 lanes at a time (M32: multipliers fit int32, vpmuldq).
+template <int KIND, bool M32>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16(
+    __m512i acc, const RqArgs& q, int j0, uint8_t* y) {
+  if (j0 >= q.nch) return;
+  const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
+  for (int h = 0; h < 2; ++h) {
+    const int j = j0 + 8 * h;
+    if (j >= q.nch) return;
+    const __m512i x = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(d, 1) : _mm512_castsi512_si256(d));
+    const __m512i m = _mm512_loadu_si512(q.m + j);
+    __m512i p = M32 ? _mm512_mul_epi32(x, m) : _mm512_mullo_epi64(x, m);
+    p = _mm512_add_epi64(p, _mm512_loadu_si512(q.k + j));
+    const __m512i sh = _mm512_loadu_si512(q.s + j);
+    __m512i t = _mm512_add_epi64(p, _mm512_loadu_si512(q.a + j));
+    if (KIND == kParity) t = _mm512_add_epi64(t, _mm512_and_si512(_mm512_srav_epi64(p, sh), _mm512_loadu_si512(q.b + j)));
+    if (KIND == kSign) t = _mm512_add_epi64(t, _mm512_and_si512(_mm512_srai_epi64(p, 63), _mm512_loadu_si512(q.b + j)));
+    __m512i v = _mm512_add_epi64(_mm512_srav_epi64(t, sh), _mm512_set1_epi64(q.zs));
+    v = _mm512_min_epi64(_mm512_max_epi64(v, _mm512_set1_epi64(q.lo)), _mm512_set1_epi64(q.hi));
+    const __mmask8 mask = j + 8 <= q.nch ? __mmask8(0xFF) : __mmask8((1u << (q.nch - j)) - 1);
+    _mm512_mask_cvtepi64_storeu_epi8(y + j, mask, v);
+  }
+}
+
 // Accumulators are named variables (GCC keeps them in registers; an array of vectors it spills).
 #define ZN_ACC(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
 #define ZN_ROW(r)                                                                  \
@@ -59,15 +96,19 @@ bool cpu_has_vnni() {
   }
 #define ZN_STORE(r)                                                                \
   if constexpr (MR > r) {                                                          \
-    _mm512_storeu_si512(c + r * kPanel, c##r##0);                                  \
-    _mm512_storeu_si512(c + r * kPanel + 16, c##r##1);                             \
-    _mm512_storeu_si512(c + r * kPanel + 32, c##r##2);                             \
-    _mm512_storeu_si512(c + r * kPanel + 48, c##r##3);                             \
+    uint8_t* yr = y + r * ldy;                                                     \
+    rq16<KIND, M32>(c##r##0, rq, 0, yr);                                           \
+    rq16<KIND, M32>(c##r##1, rq, 16, yr);                                          \
+    rq16<KIND, M32>(c##r##2, rq, 32, yr);                                          \
+    rq16<KIND, M32>(c##r##3, rq, 48, yr);                                          \
   }
 
-template <int MR>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void mk_vnni(const uint8_t* a, int64_t lda,
-                                                                    const int8_t* b, int64_t kq, int32_t* c) {
+// MR output positions x one 64-channel panel: the int32 sums by vpdpbusd, then requantized to y rows.
+template <int MR, int KIND, bool M32>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(const uint8_t* a, int64_t lda,
+                                                                              const int8_t* b, int64_t kq,
+                                                                              const RqArgs& rq, uint8_t* y,
+                                                                              int64_t ldy) {
   ZN_ACC(0) ZN_ACC(1) ZN_ACC(2) ZN_ACC(3) ZN_ACC(4) ZN_ACC(5)
   for (int64_t q = 0; q < kq; ++q) {
     const int8_t* bq = b + q * kPanel * 4;
@@ -98,16 +139,22 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void mk_portable(con
   }
 }
 
-using VnniFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int32_t*);
-VnniFn vnni_kernel(int mr) {
+using VnniFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const RqArgs&, uint8_t*, int64_t);
+template <int KIND, bool M32>
+VnniFn vnni_for(int mr) {
   switch (mr) {
-    case 1: return mk_vnni<1>;
-    case 2: return mk_vnni<2>;
-    case 3: return mk_vnni<3>;
-    case 4: return mk_vnni<4>;
-    case 5: return mk_vnni<5>;
-    default: return mk_vnni<6>;
+    case 1: return mk_vnni<1, KIND, M32>;
+    case 2: return mk_vnni<2, KIND, M32>;
+    case 3: return mk_vnni<3, KIND, M32>;
+    case 4: return mk_vnni<4, KIND, M32>;
+    case 5: return mk_vnni<5, KIND, M32>;
+    default: return mk_vnni<6, KIND, M32>;
   }
+}
+VnniFn vnni_kernel(int mr, int kind, bool m32) {
+  if (kind == kParity) return m32 ? vnni_for<kParity, true>(mr) : vnni_for<kParity, false>(mr);
+  if (kind == kSign) return m32 ? vnni_for<kSign, true>(mr) : vnni_for<kSign, false>(mr);
+  return m32 ? vnni_for<kPlain, true>(mr) : vnni_for<kPlain, false>(mr);
 }
 
 // ---- requantization of one output position's channels (RequantU8's single-shift int64 rule) ----------
@@ -126,6 +173,31 @@ inline __attribute__((always_inline)) void rq_loop(const int32_t* __restrict acc
   }
 }
 
+// The same with multipliers that fit int32: M acc is then one 32 x 32 -> 64-bit product (vpmuldq), the
+// same integer as the int64 product.
+template <int KIND>
+inline __attribute__((always_inline)) void rq_loop32(const int32_t* __restrict acc, const int32_t* __restrict zw,
+                                                     uint8_t* __restrict y, int n, const int32_t* __restrict m,
+                                                     const int64_t* __restrict k, const int64_t* __restrict s,
+                                                     const int64_t* __restrict a, const int64_t* __restrict b,
+                                                     int64_t zs, int64_t lo, int64_t hi) {
+  for (int j = 0; j < n; ++j) {
+    const int64_t p = static_cast<int64_t>(m[j]) * static_cast<int64_t>(acc[j] - zw[j]) + k[j];
+    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[j]) : (p >> 63)) & b[j]);
+    int64_t v = ((p + a[j] + sel) >> s[j]) + zs;
+    v = v < lo ? lo : (v > hi ? hi : v);
+    y[j] = static_cast<uint8_t>(v);
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "default"))) void rq_row32(
+    const int32_t* acc, const int32_t* zw, uint8_t* y, int n, const int32_t* m, const int64_t* k,
+    const int64_t* s, const int64_t* a, const int64_t* b, int64_t zs, int64_t lo, int64_t hi, int kind) {
+  if (kind == kPlain) rq_loop32<kPlain>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+  else if (kind == kParity) rq_loop32<kParity>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+  else rq_loop32<kSign>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+}
+
 __attribute__((target_clones("arch=x86-64-v4", "default"))) void rq_row(
     const int32_t* acc, const int32_t* zw, uint8_t* y, int n, const int64_t* m, const int64_t* k,
     const int64_t* s, const int64_t* a, const int64_t* b, int64_t zs, int64_t lo, int64_t hi, int kind) {
@@ -134,11 +206,43 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void rq_row(
   else rq_loop<kSign>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
 }
 
+// memcpy of n bytes as at most two overlapping fixed-size moves for short runs (an im2col of few channels
+// copies a run of a few dozen bytes per kernel row, where a library call costs more than the copy).
+inline void copy_run(uint8_t* __restrict d, const uint8_t* __restrict s, size_t n) {
+  if (n >= 32 && n <= 64) {
+    std::memcpy(d, s, 32);
+    std::memcpy(d + n - 32, s + n - 32, 32);
+  } else if (n >= 16 && n < 32) {
+    std::memcpy(d, s, 16);
+    std::memcpy(d + n - 16, s + n - 16, 16);
+  } else if (n >= 8 && n < 16) {
+    std::memcpy(d, s, 8);
+    std::memcpy(d + n - 8, s + n - 8, 8);
+  } else if (n >= 4 && n < 8) {
+    std::memcpy(d, s, 4);
+    std::memcpy(d + n - 4, s + n - 4, 4);
+  } else if (n < 4) {
+    for (size_t i = 0; i < n; ++i) d[i] = s[i];
+  } else {
+    std::memcpy(d, s, n);
+  }
+}
+
+inline void fill_run(uint8_t* d, uint8_t v, size_t n) {
+  if (n < 16) {
+    for (size_t i = 0; i < n; ++i) d[i] = v;
+  } else {
+    std::memset(d, v, n);
+  }
+}
+
 struct QConvKernel {
   int64_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, xzp;
   int64_t zs, lo, hi;
   int kind;
   std::vector<int64_t> mult, cnst, shift, addend, bmask;
+  std::vector<int32_t> mult32;  // the multipliers as int32 when all fit, else empty
+  int64_t channels = 0;          // output channels (the arrays above are padded to whole panels)
   bool vnni;
   // packed weights, made on the first run (the weights are a constant input): panels of 64 channels
   std::once_flag packed_once;
@@ -186,6 +290,11 @@ struct QConvKernel {
       addend.push_back(a);
       bmask.push_back(b);
     }
+    channels = static_cast<int64_t>(mult.size());
+    const size_t padded = static_cast<size_t>((channels + kPanel - 1) / kPanel * kPanel);  // whole panels
+    for (auto* v : {&mult, &cnst, &shift, &addend, &bmask}) v->resize(padded, 0);
+    if (std::all_of(mult.begin(), mult.end(), [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }))
+      mult32.assign(mult.begin(), mult.end());
     kind = mode == 1 ? kParity : ((mode == 2 || mode == 6) ? kSign : kPlain);
     vnni = cpu_has_vnni() && !force_baseline();
   }
@@ -218,25 +327,28 @@ struct QConvKernel {
   void im2col(const uint8_t* x, int64_t h, int64_t w, int64_t c, int64_t oh, int64_t ow, int64_t r0,
               int64_t rows, uint8_t* col) const {
     const uint8_t pad = static_cast<uint8_t>(xzp);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pix = r0 + r;
-      const int64_t b = pix / (oh * ow), oy = (pix / ow) % oh, ox = pix % ow;
+    int64_t b = r0 / (oh * ow), oy = (r0 / ow) % oh, ox = r0 % ow;  // then stepped, not divided
+    for (int64_t r = 0; r < rows; ++r, ++ox) {
+      if (ox == ow) {
+        ox = 0;
+        if (++oy == oh) oy = 0, ++b;
+      }
       uint8_t* dst = col + r * kp;
       for (int64_t i = 0; i < kh; ++i) {
         const int64_t iy = oy * sh - pt + i * dh;
         const int64_t ix0 = ox * sw - pl;
         if (dw == 1 && iy >= 0 && iy < h && ix0 >= 0 && ix0 + kw <= w) {
-          std::memcpy(dst, x + ((b * h + iy) * w + ix0) * c, static_cast<size_t>(kw * c));
+          copy_run(dst, x + ((b * h + iy) * w + ix0) * c, static_cast<size_t>(kw * c));
           dst += kw * c;
           continue;
         }
         for (int64_t j = 0; j < kw; ++j, dst += c) {
           const int64_t ix = ix0 + j * dw;
-          if (iy < 0 || iy >= h || ix < 0 || ix >= w) std::memset(dst, pad, static_cast<size_t>(c));
-          else std::memcpy(dst, x + ((b * h + iy) * w + ix) * c, static_cast<size_t>(c));
+          if (iy < 0 || iy >= h || ix < 0 || ix >= w) fill_run(dst, pad, static_cast<size_t>(c));
+          else copy_run(dst, x + ((b * h + iy) * w + ix) * c, static_cast<size_t>(c));
         }
       }
-      if (kp > k) std::memset(dst, 0, static_cast<size_t>(kp - k));
+      fill_run(dst, 0, static_cast<size_t>(kp - k));
     }
   }
 
@@ -254,7 +366,7 @@ struct QConvKernel {
     const int64_t n = shape[0], h = shape[1], w = shape[2], c = shape[3];
     const int64_t kdim = wshape[0], o = wshape[1];
     if (kdim != kh * kw * c) throw std::runtime_error("QConv: weight rows differ from kh kw C");
-    if (static_cast<int64_t>(mult.size()) != o) throw std::runtime_error("QConv: requantization channels differ from O");
+    if (channels != o) throw std::runtime_error("QConv: requantization channels differ from O");
     if (kdim * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
     const int64_t eh = (kh - 1) * dh + 1, ew = (kw - 1) * dw + 1;
     if (h + pt + pb < eh || w + pl + pr < ew) throw std::runtime_error("QConv: kernel larger than the padded input");
@@ -288,13 +400,24 @@ struct QConvKernel {
         const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
         const int nv = (nch + kLanes - 1) / kLanes;
         const int8_t* bp = packed.data() + pn * kp * kPanel;
+        const RqArgs rq{zw.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
+                        addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
         for (int64_t r = 0; r < rows; r += kMR) {
           const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
-          if (vnni) vnni_kernel(mr)(col + r * kp, kp, bp, kp / 4, tile);
-          else mk_portable(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
-          for (int i = 0; i < mr; ++i)
-            rq_row(tile + i * kPanel, zw.data() + o0, y + (r0 + r + i) * o + o0, nch, mult.data() + o0,
-                   cnst.data() + o0, shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
+          if (vnni) {
+            vnni_kernel(mr, kind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
+            continue;
+          }
+          mk_portable(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
+          for (int i = 0; i < mr; ++i) {
+            uint8_t* yr = y + (r0 + r + i) * o + o0;
+            if (!mult32.empty())
+              rq_row32(tile + i * kPanel, zw.data() + o0, yr, nch, mult32.data() + o0, cnst.data() + o0,
+                       shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
+            else
+              rq_row(tile + i * kPanel, zw.data() + o0, yr, nch, mult.data() + o0, cnst.data() + o0,
+                     shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
+          }
         }
       }
     });
