@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 KERNELS_ENV = "ZONNX_NPU_KERNELS"
 KERNEL_CHOICES = ("auto", "native", "onnx")
-#: ``baseline`` forces QConv kernels created afterwards onto the portable GEMM (tests of both paths).
+#: ``avx-vnni`` / ``baseline`` caps the GEMM path of QConv kernels created afterwards (tests of every path).
 ISA_ENV = "ZONNX_NATIVE_ISA"
 _HOW = "build it with: python -m zonnx.tools.build_native (bash tools/dev.sh does it at setup)"
 _registered: weakref.WeakSet = weakref.WeakSet()
@@ -73,13 +73,14 @@ def _abi_of(path: Path) -> int:
 
 
 def conv_isa(status: NativeStatus | None = None) -> str:
-    """The GEMM path a QConv kernel created now takes: ``avx512-vnni`` or ``portable`` (CPU and ``$ZONNX_NATIVE_ISA``)."""
+    """The GEMM path a QConv kernel created now takes: ``avx512-vnni``, ``avx-vnni`` or ``portable`` (by the CPU,
+    capped by ``$ZONNX_NATIVE_ISA`` = ``avx-vnni`` | ``baseline``)."""
     status = status or native_status()
     if status.path is None:
         raise OptionError(f"no native kernels: {status.reason}.")
     fn = ctypes.CDLL(str(status.path)).ZonnxNativeConvIsa
     fn.restype = ctypes.c_int64
-    return "avx512-vnni" if int(fn()) == 2 else "portable"
+    return {2: "avx512-vnni", 1: "avx-vnni"}.get(int(fn()), "portable")
 
 
 def _probe(path: Path) -> None:

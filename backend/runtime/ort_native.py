@@ -1,6 +1,6 @@
 """ONNX nodes for the native kernel library's custom ops (domain ``zonnx.native``), bit-exact to the reference.
 
-The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds four CPU kernels to ORT:
+The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds six CPU kernels to ORT:
 
 - ``RequantU8`` / ``RequantI32``: ``y = clamp(R((sum_t M_t[c] x_t + K[c]) / 2^s[c]) + zs, lo, hi)`` over one to
   four integer inputs of one shape (uint8, int32 or int64), per channel ``c`` along the axis
@@ -21,8 +21,9 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds fo
 - ``DwConv``: depthwise convolution of an NHWC uint8 tensor with int8 weights (attribute, ``[C, kh, kw]``),
   ``sum (x - zp) w`` in int32 (exact: ``kh kw 255 128 < 2^31``), positions outside the input adding 0.
 
-So a convolution is ``Im2col -> MatMulInteger -> RequantU8`` (three passes) instead of Pad, one Slice per
-tap, Concat, MatMulInteger and four to five float64 passes; a 16-bit one is one Im2col and one
+So an 8-bit convolution is one ``QConv`` (or, when its requantization needs int128 products or an int32
+output, ``Im2col -> MatMulInteger -> RequantU8``) instead of Pad, one Slice per tap, Concat, MatMulInteger
+and four to five float64 passes; a 16-bit one is one Im2col and one
 MatMulInteger per byte plane and a single ``Requant`` whose terms are the planes with multipliers
 ``256^k M`` (``sum x w = sum_ij 256^(i+j) sum x_i w_j``, ``ort_wide``).
 """

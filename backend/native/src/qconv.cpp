@@ -8,9 +8,11 @@
 // straight away, so no int32 tensor ever reaches memory.
 //
 // GEMM paths, picked per kernel at creation: AVX-512 VNNI (vpdpbusd: four u8 x s8 products added to an
-// int32 lane, no intermediate saturation) when the CPU has it, else portable C++ (int32 sums, compiled for
-// x86-64-v3 and the baseline, picked at load). Every path computes the same int32 sums exactly, so the
-// results never depend on the CPU. $ZONNX_NATIVE_ISA=baseline forces the portable path (tests).
+// int32 lane, no intermediate saturation; requantized in registers) when the CPU has it, else AVX-VNNI
+// (the same instruction on 256-bit VEX registers), else portable C++ (int32 sums, compiled for x86-64-v3
+// and the baseline, picked at load). Every path computes the same int32 sums exactly and the same int64
+// requantization, so the results never depend on the CPU. $ZONNX_NATIVE_ISA=avx-vnni or baseline caps the
+// path (tests of every path on one machine).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -36,14 +38,16 @@ constexpr int kPanel = kLanes * kNV;
 
 enum Kind { kPlain, kParity, kSign };
 
-bool force_baseline() {
-  const char* v = std::getenv("ZONNX_NATIVE_ISA");
-  return v != nullptr && std::strcmp(v, "baseline") == 0;
-}
-
-bool cpu_has_vnni() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
+// The GEMM path: 2 = AVX-512 VNNI, 1 = AVX-VNNI (256-bit VEX), 0 = portable. $ZONNX_NATIVE_ISA = baseline
+// or avx-vnni caps it (tests of every path on one machine).
+int select_isa() {
+  const bool v512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+  const bool v256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+  const char* env = std::getenv("ZONNX_NATIVE_ISA");
+  if (env != nullptr && std::strcmp(env, "baseline") == 0) return 0;
+  if (env != nullptr && std::strcmp(env, "avx-vnni") == 0) return v256 ? 1 : 0;
+  return v512 ? 2 : (v256 ? 1 : 0);
 }
 
 // ---- micro-kernels: c[r][j] = sum_{q < kq} sum_{t < 4} a[r][4q + t] b[q][j][t], j < nv 16 --------------
@@ -121,6 +125,55 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
 #undef ZN_ACC
 #undef ZN_ROW
 #undef ZN_STORE
+
+// AVX-VNNI (VEX, 256-bit): MR <= 3 positions x one half (32 lanes) of a panel per call, int32 sums to c.
+#define ZN_ACC8(r) __m256i d##r##0 = _mm256_setzero_si256(), d##r##1 = d##r##0, d##r##2 = d##r##0, d##r##3 = d##r##0;
+#define ZN_ROW8(r)                                                                 \
+  if constexpr (MR > r) {                                                          \
+    int32_t quad;                                                                  \
+    std::memcpy(&quad, a + r * lda + 4 * q, 4);                                    \
+    const __m256i av = _mm256_set1_epi32(quad);                                    \
+    d##r##0 = _mm256_dpbusd_avx_epi32(d##r##0, av, b0);                            \
+    d##r##1 = _mm256_dpbusd_avx_epi32(d##r##1, av, b1);                            \
+    d##r##2 = _mm256_dpbusd_avx_epi32(d##r##2, av, b2);                            \
+    d##r##3 = _mm256_dpbusd_avx_epi32(d##r##3, av, b3);                            \
+  }
+#define ZN_STORE8(r)                                                               \
+  if constexpr (MR > r) {                                                          \
+    int32_t* cr = c + r * kPanel + half * 32;                                      \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cr), d##r##0);                  \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cr + 8), d##r##1);              \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cr + 16), d##r##2);             \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cr + 24), d##r##3);             \
+  }
+
+template <int MR>
+__attribute__((target("avx2,avxvnni"))) void mk_avxvnni(const uint8_t* a, int64_t lda, const int8_t* b, int64_t kq,
+                                                       int32_t* c, int half) {
+  ZN_ACC8(0) ZN_ACC8(1) ZN_ACC8(2)
+  for (int64_t q = 0; q < kq; ++q) {
+    const __m256i* bq = reinterpret_cast<const __m256i*>(b + q * kPanel * 4 + half * 128);
+    const __m256i b0 = _mm256_loadu_si256(bq), b1 = _mm256_loadu_si256(bq + 1);
+    const __m256i b2 = _mm256_loadu_si256(bq + 2), b3 = _mm256_loadu_si256(bq + 3);
+    ZN_ROW8(0) ZN_ROW8(1) ZN_ROW8(2)
+  }
+  ZN_STORE8(0) ZN_STORE8(1) ZN_STORE8(2)
+}
+#undef ZN_ACC8
+#undef ZN_ROW8
+#undef ZN_STORE8
+
+// mr <= 6 positions x the lanes of nv 16-lane blocks: row groups of 3, panel halves of 32 lanes.
+void gemm_avxvnni(const uint8_t* a, int64_t lda, const int8_t* b, int64_t kq, int32_t* c, int mr, int nv) {
+  for (int r = 0; r < mr; r += 3) {
+    const int n = std::min(3, mr - r);
+    for (int half = 0; half < (nv + 1) / 2; ++half) {
+      if (n == 3) mk_avxvnni<3>(a + r * lda, lda, b, kq, c + r * kPanel, half);
+      else if (n == 2) mk_avxvnni<2>(a + r * lda, lda, b, kq, c + r * kPanel, half);
+      else mk_avxvnni<1>(a + r * lda, lda, b, kq, c + r * kPanel, half);
+    }
+  }
+}
 
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void mk_portable(const uint8_t* a, int64_t lda,
                                                                           const int8_t* b, int64_t kq,
@@ -243,7 +296,7 @@ struct QConvKernel {
   std::vector<int64_t> mult, cnst, shift, addend, bmask;
   std::vector<int32_t> mult32;  // the multipliers as int32 when all fit, else empty
   int64_t channels = 0;          // output channels (the arrays above are padded to whole panels)
-  bool vnni;
+  int isa;  // select_isa() at creation
   // packed weights, made on the first run (the weights are a constant input): panels of 64 channels
   std::once_flag packed_once;
   int64_t k = 0, kp = 0, outs = 0;
@@ -296,7 +349,7 @@ struct QConvKernel {
     if (std::all_of(mult.begin(), mult.end(), [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }))
       mult32.assign(mult.begin(), mult.end());
     kind = mode == 1 ? kParity : ((mode == 2 || mode == 6) ? kSign : kPlain);
-    vnni = cpu_has_vnni() && !force_baseline();
+    isa = select_isa();
   }
 
   void pack(const int8_t* w, int64_t kdim, int64_t o) {
@@ -404,11 +457,12 @@ struct QConvKernel {
                         addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
         for (int64_t r = 0; r < rows; r += kMR) {
           const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
-          if (vnni) {
+          if (isa == 2) {
             vnni_kernel(mr, kind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
             continue;
           }
-          mk_portable(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
+          if (isa == 1) gemm_avxvnni(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
+          else mk_portable(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
           for (int i = 0; i < mr; ++i) {
             uint8_t* yr = y + (r0 + r + i) * o + o0;
             if (!mult32.empty())
@@ -458,6 +512,6 @@ const OrtCustomOp* qconv_op() {
   return &op;
 }
 
-int qconv_isa() { return cpu_has_vnni() && !force_baseline() ? 2 : 0; }
+int qconv_isa() { return select_isa(); }
 
 }  // namespace zonnx_native

@@ -9,7 +9,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) int64_t ZonnxNativeAbiVersion() { return kAbiVersion; }
 
-// The GEMM path of QConv kernels created now (qconv_isa): 2 = AVX-512 VNNI, 0 = portable.
+// The GEMM path of QConv kernels created now (qconv_isa): 2 = AVX-512 VNNI, 1 = AVX-VNNI, 0 = portable.
 __attribute__((visibility("default"))) int64_t ZonnxNativeConvIsa() { return qconv_isa(); }
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,

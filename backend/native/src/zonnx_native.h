@@ -43,7 +43,7 @@ const OrtCustomOp* im2col_op();
 const OrtCustomOp* byteplane_op();
 const OrtCustomOp* dwconv_op();
 const OrtCustomOp* qconv_op();
-// The GEMM path QConv kernels created now take: 2 = AVX-512 VNNI, 0 = portable ($ZONNX_NATIVE_ISA=baseline).
+// The GEMM path QConv kernels created now take: 2 = AVX-512 VNNI, 1 = AVX-VNNI, 0 = portable ($ZONNX_NATIVE_ISA).
 int qconv_isa();
 
 int64_t element_count(const std::vector<int64_t>& shape);
