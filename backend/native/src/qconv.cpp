@@ -59,7 +59,45 @@ struct RqArgs {
   const int64_t *m, *k, *s, *a, *b;
   int64_t zs, lo, hi;
   int nch;
+  const int32_t* m32;                  // the multipliers as int32 (when they all fit)
+  const int64_t *ke, *ko, *se, *so;    // k and s of the even / odd channels of each 16-channel group
+  const int64_t *ae, *ao, *be, *bo;    // a and b likewise
 };
+
+// rq16 for int32 multipliers without widening the accumulators: vpmuldq multiplies the even int32 lanes
+// (and, after a 32-bit shift, the odd ones) into int64 products; after the shift and the clamp to
+// [lo - zs, hi - zs] every value fits int32, so the even and odd results interleave back into 16 int32
+// lanes (clamp(v + zs, lo, hi) = clamp(v, lo - zs, hi - zs) + zs). The same integers as rq_loop.
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_32(
+    __m512i acc, const RqArgs& q, int j0, uint8_t* y) {
+  if (j0 >= q.nch) return;
+  const int g = j0 / 2;
+  const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
+  const __m512i m = _mm512_loadu_si512(q.m32 + j0);
+  const __m512i pe = _mm512_add_epi64(_mm512_mul_epi32(d, m), _mm512_loadu_si512(q.ke + g));
+  const __m512i po = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(d, 32), _mm512_srli_epi64(m, 32)),
+                                      _mm512_loadu_si512(q.ko + g));
+  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
+  __m512i te = _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
+  __m512i to = _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
+  if (KIND == kParity) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
+  }
+  if (KIND == kSign) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
+  }
+  const __m512i lo = _mm512_set1_epi64(q.lo - q.zs), hi = _mm512_set1_epi64(q.hi - q.zs);
+  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), lo), hi);
+  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), lo), hi);
+  __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
+  v = _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+  const int left = q.nch - j0;
+  const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+  _mm512_mask_cvtepi32_storeu_epi8(y + j0, mask, v);
+}
 
 // RequantU8's single-shift int64 rule on 16 accumulators (channels j0 .. j0 + 15) in registers, stored as
 // bytes: the same integers as rq_loop, 8 int64 lanes at a time (M32: multipliers fit int32, vpmuldq).
@@ -101,10 +139,17 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
 #define ZN_STORE(r)                                                                \
   if constexpr (MR > r) {                                                          \
     uint8_t* yr = y + r * ldy;                                                     \
-    rq16<KIND, M32>(c##r##0, rq, 0, yr);                                           \
-    rq16<KIND, M32>(c##r##1, rq, 16, yr);                                          \
-    rq16<KIND, M32>(c##r##2, rq, 32, yr);                                          \
-    rq16<KIND, M32>(c##r##3, rq, 48, yr);                                          \
+    if constexpr (M32) {                                                           \
+      rq16_32<KIND>(c##r##0, rq, 0, yr);                                           \
+      rq16_32<KIND>(c##r##1, rq, 16, yr);                                          \
+      rq16_32<KIND>(c##r##2, rq, 32, yr);                                          \
+      rq16_32<KIND>(c##r##3, rq, 48, yr);                                          \
+    } else {                                                                       \
+      rq16<KIND, false>(c##r##0, rq, 0, yr);                                       \
+      rq16<KIND, false>(c##r##1, rq, 16, yr);                                      \
+      rq16<KIND, false>(c##r##2, rq, 32, yr);                                      \
+      rq16<KIND, false>(c##r##3, rq, 48, yr);                                      \
+    }                                                                              \
   }
 
 // MR output positions x one 64-channel panel: the int32 sums by vpdpbusd, then requantized to y rows.
@@ -296,6 +341,7 @@ struct QConvKernel {
   std::vector<int64_t> mult, cnst, shift, addend, bmask;
   std::vector<int32_t> mult32;  // the multipliers as int32 when all fit, else empty
   int64_t channels = 0;          // output channels (the arrays above are padded to whole panels)
+  std::vector<int64_t> ke, ko, se, so, ae, ao, be, bo;  // even / odd channels of each 16-group (rq16_32)
   int isa;  // select_isa() at creation
   // packed weights, made on the first run (the weights are a constant input): panels of 64 channels
   std::once_flag packed_once;
@@ -348,6 +394,15 @@ struct QConvKernel {
     for (auto* v : {&mult, &cnst, &shift, &addend, &bmask}) v->resize(padded, 0);
     if (std::all_of(mult.begin(), mult.end(), [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }))
       mult32.assign(mult.begin(), mult.end());
+    const std::vector<int64_t>* src[4] = {&cnst, &shift, &addend, &bmask};
+    std::vector<int64_t>* even[4] = {&ke, &se, &ae, &be};
+    std::vector<int64_t>* odd[4] = {&ko, &so, &ao, &bo};
+    for (int t = 0; t < 4; ++t) {
+      even[t]->assign(padded / 2, 0);
+      odd[t]->assign(padded / 2, 0);
+      for (size_t ch = 0; ch < padded; ++ch)
+        (ch % 2 ? odd[t] : even[t])->at(ch / 16 * 8 + ch % 16 / 2) = (*src[t])[ch];
+    }
     kind = mode == 1 ? kParity : ((mode == 2 || mode == 6) ? kSign : kPlain);
     isa = select_isa();
   }
@@ -453,8 +508,12 @@ struct QConvKernel {
         const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
         const int nv = (nch + kLanes - 1) / kLanes;
         const int8_t* bp = packed.data() + pn * kp * kPanel;
+        const int64_t h0 = o0 / 2;
         const RqArgs rq{zw.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
-                        addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
+                        addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch,
+                        mult32.empty() ? nullptr : mult32.data() + o0, ke.data() + h0, ko.data() + h0,
+                        se.data() + h0, so.data() + h0, ae.data() + h0, ao.data() + h0, be.data() + h0,
+                        bo.data() + h0};
         for (int64_t r = 0; r < rows; r += kMR) {
           const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           if (isa == 2) {
