@@ -4,8 +4,8 @@
 // where col is the im2col row of output position p (columns in (kh, kw, c) order, the stored pad code xzp
 // outside the input: it then adds 0) and the second line is RequantU8's int64 rule (requant.cpp) for one
 // term. Per block of output positions the im2col rows are built in a thread-local buffer that stays in
-// cache, multiplied by the weights packed once per kernel, and every finished output tile is requantized
-// straight away, so no int32 tensor ever reaches memory.
+// cache, multiplied by the weights (a constant input, packed once when the kernel is created), and every
+// finished output tile is requantized straight away, so no int32 tensor ever reaches memory.
 //
 // GEMM paths, picked per kernel at creation: AVX-512 VNNI (vpdpbusd: four u8 x s8 products added to an
 // int32 lane, no intermediate saturation; requantized in registers) when the CPU has it, else AVX-VNNI
@@ -19,7 +19,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
 
 #include "zonnx_native.h"
@@ -343,8 +342,7 @@ struct QConvKernel {
   int64_t channels = 0;          // output channels (the arrays above are padded to whole panels)
   std::vector<int64_t> ke, ko, se, so, ae, ao, be, bo;  // even / odd channels of each 16-group (rq16_32)
   int isa;  // select_isa() at creation
-  // packed weights, made on the first run (the weights are a constant input): panels of 64 channels
-  std::once_flag packed_once;
+  // packed weights, made at creation from the constant weight input: panels of 64 channels
   int64_t k = 0, kp = 0, outs = 0;
   std::vector<int8_t> packed;
   std::vector<int32_t> zw;  // xzp sum_k w[k, o]
@@ -405,6 +403,15 @@ struct QConvKernel {
     }
     kind = mode == 1 ? kParity : ((mode == 2 || mode == 6) ? kSign : kPlain);
     isa = select_isa();
+    int is_const = 0;
+    Ort::ConstValue wv = ki.GetTensorConstantInput(1, &is_const);
+    if (!is_const) throw std::runtime_error("QConv: the weights must be a constant initializer");
+    auto wi = wv.GetTensorTypeAndShapeInfo();
+    auto wshape = wi.GetShape();
+    if (wi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 || wshape.size() != 2 || wshape[1] != channels)
+      throw std::runtime_error("QConv: weights must be int8 [kh kw C, O] with O = the requantization channels");
+    if (wshape[0] * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
+    pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1]);
   }
 
   void pack(const int8_t* w, int64_t kdim, int64_t o) {
@@ -462,25 +469,17 @@ struct QConvKernel {
 
   void Compute(OrtKernelContext* context) {
     Ort::KernelContext ctx(context);
-    Ort::ConstValue xv = ctx.GetInput(0), wv = ctx.GetInput(1);
+    Ort::ConstValue xv = ctx.GetInput(0);
     auto xi = xv.GetTensorTypeAndShapeInfo();
-    auto wi = wv.GetTensorTypeAndShapeInfo();
     auto shape = xi.GetShape();
-    auto wshape = wi.GetShape();
     if (xi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape.size() != 4)
       throw std::runtime_error("QConv: input must be uint8 NHWC rank 4");
-    if (wi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 || wshape.size() != 2)
-      throw std::runtime_error("QConv: weights must be int8 [kh kw C, O]");
     const int64_t n = shape[0], h = shape[1], w = shape[2], c = shape[3];
-    const int64_t kdim = wshape[0], o = wshape[1];
-    if (kdim != kh * kw * c) throw std::runtime_error("QConv: weight rows differ from kh kw C");
-    if (channels != o) throw std::runtime_error("QConv: requantization channels differ from O");
-    if (kdim * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
+    const int64_t o = outs;
+    if (k != kh * kw * c) throw std::runtime_error("QConv: weight rows differ from kh kw C of the input");
     const int64_t eh = (kh - 1) * dh + 1, ew = (kw - 1) * dw + 1;
     if (h + pt + pb < eh || w + pl + pr < ew) throw std::runtime_error("QConv: kernel larger than the padded input");
     const int64_t oh = (h + pt + pb - eh) / sh + 1, ow = (w + pl + pr - ew) / sw + 1;
-    std::call_once(packed_once, [&] { pack(static_cast<const int8_t*>(wv.GetTensorRawData()), kdim, o); });
-    if (k != kdim || outs != o) throw std::runtime_error("QConv: weight shape changed between runs");
     Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, o});
     uint8_t* y = static_cast<uint8_t*>(out.GetTensorMutableRawData());
     const uint8_t* x = static_cast<const uint8_t*>(xv.GetTensorRawData());
