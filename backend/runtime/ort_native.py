@@ -15,9 +15,10 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
   the low/high byte of int32-stored 16-bit codes.
 - ``BytePlane``: that byte selection elementwise.
 - ``QConv``: a whole 8-bit convolution (NHWC uint8 in and out, int8 weights as (kh kw C, O)): im2col rows
-  of a block of output positions built in cache, the int8 GEMM with int32 sums (AVX-512 VNNI where the CPU
-  has it, else portable C++: the same exact integers), and RequantU8's one-term rule on every finished
-  tile, in one kernel; ``x_zero_point`` is the stored pad code, subtracted from every column.
+  of a block of output positions built in cache, the int8 GEMM with int32 sums (AVX-512 VNNI or AVX-VNNI
+  where the CPU has it, else portable C++: the same exact integers), and RequantU8's one-term rule on every finished
+  tile, in one kernel; ``x_zero_point`` is the stored pad code, subtracted from every column. The weights
+  must be an initializer (packed once when ORT creates the kernel).
 - ``DwConv``: depthwise convolution of an NHWC uint8 tensor with int8 weights (attribute, ``[C, kh, kw]``),
   ``sum (x - zp) w`` in int32 (exact: ``kh kw 255 128 < 2^31``), positions outside the input adding 0.
 
