@@ -439,31 +439,45 @@ struct QConvKernel {
   }
 
   // The im2col rows of output positions [r0, r0 + rows) into col (kp bytes each, tail zero).
+  // The im2col rows of output positions [r0, r0 + rows) into col (kp bytes each, tail zero). Positions are
+  // taken in runs of one output row; per kernel row i the interior positions of a run (whole kernel row
+  // inside the input, dw == 1) copy kw c bytes each with only pointer steps, the edges tap by tap.
   void im2col(const uint8_t* x, int64_t h, int64_t w, int64_t c, int64_t oh, int64_t ow, int64_t r0,
               int64_t rows, uint8_t* col) const {
     const uint8_t pad = static_cast<uint8_t>(xzp);
-    int64_t b = r0 / (oh * ow), oy = (r0 / ow) % oh, ox = r0 % ow;  // then stepped, not divided
-    for (int64_t r = 0; r < rows; ++r, ++ox) {
-      if (ox == ow) {
-        ox = 0;
-        if (++oy == oh) oy = 0, ++b;
-      }
-      uint8_t* dst = col + r * kp;
+    const size_t run = static_cast<size_t>(kw * c);
+    // interior output columns: ox * sw - pl >= 0 and ox * sw - pl + kw <= w (dw == 1)
+    const int64_t in0 = std::min<int64_t>(ow, (pl + sw - 1) / sw);
+    const int64_t in1 = dw == 1 && w - kw + pl >= 0 ? std::min<int64_t>(ow, (w - kw + pl) / sw + 1) : 0;
+    for (int64_t r = 0; r < rows;) {
+      const int64_t pix = r0 + r;
+      const int64_t b = pix / (oh * ow), oy = (pix / ow) % oh, ox0 = pix % ow;
+      const int64_t ox1 = std::min<int64_t>(ow, ox0 + rows - r);  // this run: [ox0, ox1) of row oy
+      uint8_t* base = col + r * kp;
       for (int64_t i = 0; i < kh; ++i) {
         const int64_t iy = oy * sh - pt + i * dh;
-        const int64_t ix0 = ox * sw - pl;
-        if (dw == 1 && iy >= 0 && iy < h && ix0 >= 0 && ix0 + kw <= w) {
-          copy_run(dst, x + ((b * h + iy) * w + ix0) * c, static_cast<size_t>(kw * c));
-          dst += kw * c;
-          continue;
-        }
-        for (int64_t j = 0; j < kw; ++j, dst += c) {
-          const int64_t ix = ix0 + j * dw;
-          if (iy < 0 || iy >= h || ix < 0 || ix >= w) fill_run(dst, pad, static_cast<size_t>(c));
-          else copy_run(dst, x + ((b * h + iy) * w + ix) * c, static_cast<size_t>(c));
+        uint8_t* rowdst = base + i * kw * c;
+        const bool inside = iy >= 0 && iy < h;
+        const uint8_t* src_row = inside ? x + (b * h + iy) * w * c : nullptr;
+        const int64_t a0 = inside ? std::max(ox0, in0) : ox1, a1 = inside ? std::min(ox1, in1) : ox1;
+        for (int64_t ox = ox0; ox < ox1; ++ox) {
+          if (ox == a0 && a0 < a1) {  // the interior: one run per position, pointer steps only
+            const uint8_t* src = src_row + (a0 * sw - pl) * c;
+            uint8_t* dst = rowdst + (a0 - ox0) * kp;
+            for (int64_t q = a0; q < a1; ++q, src += sw * c, dst += kp) copy_run(dst, src, run);
+            ox = a1 - 1;
+            continue;
+          }
+          uint8_t* dst = rowdst + (ox - ox0) * kp;
+          for (int64_t j = 0; j < kw; ++j, dst += c) {
+            const int64_t ix = ox * sw - pl + j * dw;
+            if (!inside || ix < 0 || ix >= w) fill_run(dst, pad, static_cast<size_t>(c));
+            else copy_run(dst, src_row + ix * c, static_cast<size_t>(c));
+          }
         }
       }
-      fill_run(dst, 0, static_cast<size_t>(kp - k));
+      for (int64_t ox = ox0; ox < ox1; ++ox) fill_run(base + (ox - ox0) * kp + k, 0, static_cast<size_t>(kp - k));
+      r += ox1 - ox0;
     }
   }
 
