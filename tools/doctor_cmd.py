@@ -11,7 +11,7 @@ import sys
 import typer
 
 from zonnx import __version__
-from zonnx.backend.native import KERNELS_ENV, native_status
+from zonnx.backend.native import ISA_ENV, KERNELS_ENV, conv_isa, native_status
 from zonnx.hostcpu import INT_PATH_ENV, host_int
 from zonnx.tools.console import console
 
@@ -49,6 +49,7 @@ def doctor(json_: bool = typer.Option(False, "--json", help="Print the facts as 
         "why": host.reason,
         "npu_kernels": "native" if kernels.available else "onnx",
         "npu_kernels_why": kernels.reason,
+        "npu_conv_gemm": conv_isa(kernels) if kernels.available else None,
     }
     if json_:
         sys.stdout.write(json.dumps(facts, indent=1) + "\n")
@@ -63,3 +64,8 @@ def doctor(json_: bool = typer.Option(False, "--json", help="Print the facts as 
     which = "native (C++ custom ops)" if kernels.available else "pure-ONNX lowering"
     console.print(f"{'NPU kernels':<16} {which}: {kernels.reason}", markup=False)
     console.print(f"{'':<16} (provider option kernels or {KERNELS_ENV}=native|onnx forces one)", markup=False)
+    if kernels.available:
+        gemm = facts["npu_conv_gemm"]
+        console.print(
+            f"{'conv GEMM':<16} {gemm} (fused QConv; {ISA_ENV}=avx-vnni|baseline caps it)", markup=False
+        )

@@ -13,7 +13,16 @@ from .build import (
     library_path,
     native_dir,
 )
-from .loader import KERNEL_CHOICES, KERNELS_ENV, NativeStatus, choose_kernels, native_status, register_library
+from .loader import (
+    ISA_ENV,
+    KERNEL_CHOICES,
+    KERNELS_ENV,
+    NativeStatus,
+    choose_kernels,
+    conv_isa,
+    native_status,
+    register_library,
+)
 
 __all__ = [
     "ABI_VERSION",
@@ -29,4 +38,6 @@ __all__ = [
     "choose_kernels",
     "native_status",
     "register_library",
+    "ISA_ENV",
+    "conv_isa",
 ]

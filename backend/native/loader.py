@@ -17,6 +17,8 @@ __all__ = [
     "native_status",
     "choose_kernels",
     "register_library",
+    "ISA_ENV",
+    "conv_isa",
 ]
 
 import ctypes
@@ -39,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 KERNELS_ENV = "ZONNX_NPU_KERNELS"
 KERNEL_CHOICES = ("auto", "native", "onnx")
+#: ``avx-vnni`` / ``baseline`` caps the GEMM path of QConv kernels created afterwards (tests of every path).
+ISA_ENV = "ZONNX_NATIVE_ISA"
 _HOW = "build it with: python -m zonnx.tools.build_native (bash tools/dev.sh does it at setup)"
 _registered: weakref.WeakSet = weakref.WeakSet()
 _warned: list[bool] = []
@@ -66,6 +70,17 @@ def _abi_of(path: Path) -> int:
     fn = lib.ZonnxNativeAbiVersion
     fn.restype = ctypes.c_int64
     return int(fn())
+
+
+def conv_isa(status: NativeStatus | None = None) -> str:
+    """The GEMM path a QConv kernel created now takes: ``avx512-vnni``, ``avx-vnni`` or ``portable`` (by the CPU,
+    capped by ``$ZONNX_NATIVE_ISA`` = ``avx-vnni`` | ``baseline``)."""
+    status = status or native_status()
+    if status.path is None:
+        raise OptionError(f"no native kernels: {status.reason}.")
+    fn = ctypes.CDLL(str(status.path)).ZonnxNativeConvIsa
+    fn.restype = ctypes.c_int64
+    return {2: "avx512-vnni", 1: "avx-vnni"}.get(int(fn()), "portable")
 
 
 def _probe(path: Path) -> None:

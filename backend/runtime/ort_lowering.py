@@ -68,8 +68,10 @@ from .ort_native import (
     emit_dwconv,
     emit_im2col,
     emit_native_requant,
+    emit_qconv,
     is_depthwise,
     native_plane_terms,
+    native_requant_attrs,
 )
 from .ort_qlinear import conv_plan, emit_float32_add, emit_qlinear_add, emit_qlinear_conv
 from .ort_wide import emit_wide_conv, emit_wide_matmul, is_int8
@@ -218,11 +220,14 @@ class _Lowerer(CodeOps):
         geo = (list(w.shape[2:]), a["strides"], a["pads"], a["dilations"], zs)
         pointwise = (kh, kw) == (1, 1) and list(a["strides"]) == [1, 1] and not any(a["pads"])
         if x.st.dtype == np.uint8 and is_int8(w):  # one uint8 plane with the pad code as zero point
+            xm = wm.shape[0] * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
+            const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+            fused = self._qconv(op, x, wm, geo, Term("", m, xm), const, ost)
+            if fused is not None:
+                return fused
             col = x.name if pointwise else emit_im2col(self.b, x.name, *geo, 0)
             wname, wzp = int8_weights(self.b, wm.astype(np.int8), self.path)
             mm = self.b.op("MatMulInteger", [col, wname, self.b.const(zs, np.uint8, "xzp"), wzp])
-            xm = wm.shape[0] * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
-            const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
             return self._req(op, [Term(mm, m, xm)], const, ost, (-1,))
         if x.st.dtype == np.uint8:
             planes = [(emit_im2col(self.b, x.name, *geo, 0), 0)]
@@ -235,6 +240,27 @@ class _Lowerer(CodeOps):
         terms = native_plane_terms(self.b, planes, wm, m, self.path)
         const = m * (op.params["bias"].astype(object) - x.st.offset * wsum.astype(object))
         return self._req(op, terms, const, ost, (-1,))
+
+    def _qconv(
+        self, op: Op, x: _Val, wm: np.ndarray, geo: tuple, term: Term, const: object, ost: Storage
+    ) -> str | None:
+        """The whole conv as one native ``QConv`` (uint8 output, one int64 requantization term), else None."""
+        if np.dtype(ost.dtype) != np.uint8:
+            return None
+        a = op.attrs
+        rq = native_requant_attrs(
+            [term],
+            np.asarray(const, dtype=object),
+            op.params["shift"],
+            a["round_mode"],
+            a["zp_out"],
+            a["lo"],
+            a["hi"],
+            ost,
+            (-1,),
+            where=op.name,
+        )
+        return None if rq is None else emit_qconv(self.b, x.name, wm, *geo, rq)
 
     # -- linear ops ------------------------------------------------------------------------------
     def _conv(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:

@@ -1,6 +1,6 @@
 """ONNX nodes for the native kernel library's custom ops (domain ``zonnx.native``), bit-exact to the reference.
 
-The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds four CPU kernels to ORT:
+The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds six CPU kernels to ORT:
 
 - ``RequantU8`` / ``RequantI32``: ``y = clamp(R((sum_t M_t[c] x_t + K[c]) / 2^s[c]) + zs, lo, hi)`` over one to
   four integer inputs of one shape (uint8, int32 or int64), per channel ``c`` along the axis
@@ -14,11 +14,17 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds fo
   input, columns in (kh, kw, c) order (the weight layout of ``emit_im2col_matmul``); ``plane`` 1/2 take
   the low/high byte of int32-stored 16-bit codes.
 - ``BytePlane``: that byte selection elementwise.
+- ``QConv``: a whole 8-bit convolution (NHWC uint8 in and out, int8 weights as (kh kw C, O)): im2col rows
+  of a block of output positions built in cache, the int8 GEMM with int32 sums (AVX-512 VNNI or AVX-VNNI
+  where the CPU has it, else portable C++: the same exact integers), and RequantU8's one-term rule on every finished
+  tile, in one kernel; ``x_zero_point`` is the stored pad code, subtracted from every column. The weights
+  must be an initializer (packed once when ORT creates the kernel).
 - ``DwConv``: depthwise convolution of an NHWC uint8 tensor with int8 weights (attribute, ``[C, kh, kw]``),
   ``sum (x - zp) w`` in int32 (exact: ``kh kw 255 128 < 2^31``), positions outside the input adding 0.
 
-So a convolution is ``Im2col -> MatMulInteger -> RequantU8`` (three passes) instead of Pad, one Slice per
-tap, Concat, MatMulInteger and four to five float64 passes; a 16-bit one is one Im2col and one
+So an 8-bit convolution is one ``QConv`` (or, when its requantization needs int128 products or an int32
+output, ``Im2col -> MatMulInteger -> RequantU8``) instead of Pad, one Slice per tap, Concat, MatMulInteger
+and four to five float64 passes; a 16-bit one is one Im2col and one
 MatMulInteger per byte plane and a single ``Requant`` whose terms are the planes with multipliers
 ``256^k M`` (``sum x w = sum_ij 256^(i+j) sum x_i w_j``, ``ort_wide``).
 """
@@ -28,6 +34,8 @@ from __future__ import annotations
 __all__ = [
     "NATIVE_DOMAIN",
     "emit_native_requant",
+    "native_requant_attrs",
+    "emit_qconv",
     "emit_im2col",
     "emit_byte_plane",
     "emit_dwconv",
@@ -53,8 +61,7 @@ _I63 = 1 << 63
 _OPS = {np.dtype(np.uint8): "RequantU8", np.dtype(np.int32): "RequantI32"}
 
 
-def emit_native_requant(
-    b: Builder,
+def native_requant_attrs(
     terms: list[Term],
     const: np.ndarray,
     shift: np.ndarray,
@@ -66,14 +73,10 @@ def emit_native_requant(
     bshape: tuple[int, ...],
     *,
     where: str,
-) -> str | None:
-    """One ``Requant`` node for ``emit_requant``'s formula (same arguments), or None when it cannot take it.
-
-    None for more than four terms, a shift
-    above 62 or an integer that does not fit int64 (the ONNX lowering then handles the op).
-    """
-    op_type = _OPS.get(np.dtype(out_storage.dtype))
-    if op_type is None or not 1 <= len(terms) <= 4:
+) -> dict | None:
+    """The ``Requant`` attributes of ``emit_requant``'s formula (same arguments), or None when the op cannot
+    take it: more than four terms, a shift above 62 or an integer that does not fit int64."""
+    if np.dtype(out_storage.dtype) not in _OPS or not 1 <= len(terms) <= 4:
         return None
     s = np.asarray(shift, dtype=np.int64).reshape(-1)
     sizes = [s.size, np.asarray(const).size] + [np.asarray(t.multiplier).size for t in terms]
@@ -103,19 +106,77 @@ def emit_native_requant(
         abs(v) for v in cs
     )
     caxis = len(bshape) - 1 if n > 1 and bshape else 0  # bshape (-1, 1, 1): NCHW; () or (-1,): last axis
+    return {
+        "terms": len(terms),
+        "mult": [v for row in ms for v in row],
+        "cnst": cs,
+        "shift": shifts,
+        "mode": ROUND_MODES.index(canonical_round_mode(mode)),
+        "zs": int(zs),
+        "lo": int(los),
+        "hi": int(his),
+        "caxis_from_end": caxis,
+        "wide": int(bound >= _I62),
+    }
+
+
+def emit_native_requant(
+    b: Builder,
+    terms: list[Term],
+    const: np.ndarray,
+    shift: np.ndarray,
+    mode: str,
+    zp: int,
+    lo: int,
+    hi: int,
+    out_storage: Storage,
+    bshape: tuple[int, ...],
+    *,
+    where: str,
+) -> str | None:
+    """One ``Requant`` node for ``emit_requant``'s formula (same arguments), or None when it cannot take it
+    (``native_requant_attrs``); the ONNX lowering then handles the op."""
+    attrs = native_requant_attrs(terms, const, shift, mode, zp, lo, hi, out_storage, bshape, where=where)
+    if attrs is None:
+        return None
+    op_type = _OPS[np.dtype(out_storage.dtype)]
+    return b.op(op_type, [t.name for t in terms], **attrs, domain=NATIVE_DOMAIN)
+
+
+def emit_qconv(
+    b: Builder,
+    x: str,
+    wm: np.ndarray,
+    kernel: list[int],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    xzp: int,
+    requant: dict,
+) -> str | None:
+    """One ``QConv`` (im2col tile, int8 GEMM, requantization in one kernel) for an NHWC uint8 tensor, int8
+    weights ``wm`` as (kh kw C, O) and the one-term uint8 ``requant`` attributes of ``native_requant_attrs``;
+    None when they do not fit it (int128 products, several terms, or int32 sums that could overflow)."""
+    if requant["terms"] != 1 or requant["wide"] or wm.shape[0] * 255 * 128 >= 1 << 31:
+        return None
+    o = wm.shape[1]
+    per = {k: list(requant[k]) for k in ("mult", "cnst", "shift")}
+    if any(len(v) not in (1, o) for v in per.values()):
+        return None
+    per = {k: v * o if len(v) == 1 else v for k, v in per.items()}
     return b.op(
-        op_type,
-        [t.name for t in terms],
-        terms=len(terms),
-        mult=[v for row in ms for v in row],
-        cnst=cs,
-        shift=shifts,
-        mode=ROUND_MODES.index(canonical_round_mode(mode)),
-        zs=int(zs),
-        lo=int(los),
-        hi=int(his),
-        caxis_from_end=caxis,
-        wide=int(bound >= _I62),
+        "QConv",
+        [x, b.const(wm.astype(np.int8), np.int8, "w")],
+        kernel=list(kernel),
+        strides=list(strides),
+        pads=list(pads),
+        dilations=list(dilations),
+        x_zero_point=int(xzp),
+        mode=requant["mode"],
+        zs=requant["zs"],
+        lo=requant["lo"],
+        hi=requant["hi"],
+        **per,
         domain=NATIVE_DOMAIN,
     )
 

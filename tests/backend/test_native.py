@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import zonnx
+import zonnx.hostcpu
 from tests.backend.native_support import lowered_session
 from tests.backend.test_ort_lowering import _tie_accs
 from zonnx import zoo
@@ -27,6 +28,8 @@ from zonnx.backend.runtime.ort_native import (
     emit_dwconv,
     emit_im2col,
     emit_native_requant,
+    emit_qconv,
+    native_requant_attrs,
 )
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
@@ -290,3 +293,100 @@ def test_a16w8_transformer_runs_in_ort(tmp_path: Path) -> None:
     assert fast.executor == "ort" and fast.kernels.available
     for f in feeds:
         assert all(np.array_equal(a, b) for a, b in zip(fast.run(None, f), ref.run(None, f), strict=True))
+
+
+def _qconv_case(
+    rng: np.random.Generator,
+    c: int,
+    o: int,
+    kernel: list[int],
+    strides: list[int],
+    pads: list[int],
+    dil: list[int],
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+    """(x NHWC uint8, w (kh kw C, O) int8, pad code, int64 acc = sum (col - pad) w over the padded input)."""
+    x = rng.integers(0, 256, size=(2, 9, 8, c)).astype(np.uint8)
+    x[0, :2] = 255  # saturated activations next to the padding
+    w = rng.integers(-128, 128, size=(kernel[0] * kernel[1] * c, o)).astype(np.int8)
+    w[:, 0] = -128  # the most negative weight in every tap of channel 0
+    zp = 37
+    xp = np.pad(
+        x.astype(np.int64), [(0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)], constant_values=zp
+    )
+    oh = (xp.shape[1] - ((kernel[0] - 1) * dil[0] + 1)) // strides[0] + 1
+    ow = (xp.shape[2] - ((kernel[1] - 1) * dil[1] + 1)) // strides[1] + 1
+    taps = [
+        xp[:, i * dil[0] : i * dil[0] + strides[0] * (oh - 1) + 1 : strides[0],
+           j * dil[1] : j * dil[1] + strides[1] * (ow - 1) + 1 : strides[1]]
+        for i in range(kernel[0]) for j in range(kernel[1])
+    ]  # fmt: skip
+    col = np.concatenate(taps, axis=3) - zp
+    return x, w, zp, col @ w.astype(np.int64)
+
+
+def _expected_isa(forced: str) -> set[str]:
+    """The GEMM paths ``conv_isa`` may report on this CPU under ``$ZONNX_NATIVE_ISA=forced``."""
+    host = zonnx.hostcpu.host_isa()
+    best = {"amx-int8": "avx512-vnni", "avx512-vnni": "avx512-vnni", "avx-vnni": "avx-vnni"}.get(
+        host, "portable"
+    )
+    if forced == "baseline" or best == "portable":
+        return {"portable"}
+    if forced == "avx-vnni":  # an AVX-512 VNNI CPU may lack the VEX form
+        return {"avx-vnni"} if best == "avx-vnni" else {"avx-vnni", "portable"}
+    return {best}
+
+
+@pytest.mark.parametrize("isa", ["host", "avx-vnni", "baseline"])
+@pytest.mark.parametrize(
+    ("c", "o", "kernel", "strides", "pads", "dil"),
+    [
+        (5, 70, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),  # K = 45 (not a multiple of 4), a partial panel
+        (3, 16, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1]),  # the ResNet stem's geometry
+        (8, 64, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1]),  # pointwise: rows read in place
+        (4, 130, [3, 2], [2, 1], [0, 2, 1, 0], [2, 1]),  # asymmetric pads, dilation, three panels
+    ],
+)
+def test_qconv_matches_numpy(
+    c: int,
+    o: int,
+    kernel: list,
+    strides: list,
+    pads: list,
+    dil: list,
+    isa: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QConv (im2col tile + int8 GEMM + requantization in one kernel) == the numpy formula on every output,
+    for each rounding mode, on the host's GEMM path and on the forced AVX-VNNI and portable ones."""
+    if isa == "host":
+        monkeypatch.delenv(native.ISA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(native.ISA_ENV, isa)
+    assert native.conv_isa() in _expected_isa(isa)
+    rng = np.random.default_rng(o)
+    x, w, zp, acc = _qconv_case(rng, c, o, kernel, strides, pads, dil)
+    pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-5, 3e-3, o)]
+    m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
+    bias = rng.integers(-50000, 50000, size=o)
+    for mode in ROUND_MODES:
+        want = requantize(acc + bias, m, s, mode, zero_point=3, lo=0, hi=255)
+        term = Term("", m.astype(object), float(w.shape[0] * 255 * 128))
+        attrs = native_requant_attrs(
+            [term],
+            m.astype(object) * bias.astype(object),
+            s,
+            mode,
+            3,
+            0,
+            255,
+            storage_of("uint8"),
+            (-1,),
+            where="t",
+        )
+        b = Builder("q")
+        y = emit_qconv(b, "x", w, kernel, strides, pads, dil, zp, attrs)
+        assert y is not None and [n.op_type for n in b.nodes] == ["QConv"]
+        sess = lowered_session(_model(b, y, [("x", TensorProto.UINT8, None)], TensorProto.UINT8), True)
+        got = sess.run(None, {"x": x})[0]
+        assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))

@@ -12,6 +12,7 @@ from tests.backend.native_support import KERNEL_IDS, KERNELS, lowered_session
 from tests.backend.test_compiler import _compile, digits, resnet  # noqa: F401  (module fixtures)
 from zonnx.backend.compiler import Op, Program, TensorInfo, quantize_multiplier
 from zonnx.backend.compiler.requant import ROUND_MODES, requantize
+from zonnx.backend.native import ISA_ENV, conv_isa
 from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_kernels import Builder, KernelError, Term, emit_requant, storage_of
 from zonnx.backend.runtime.ort_lowering import lower_program, program_to_model
@@ -57,16 +58,33 @@ def test_digits_every_tensor_bit_exact(digits: dict, fmt: str, target: str, nati
 
 @pytest.mark.parametrize(("fmt", "target"), [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("fix", "dpu-b4096")])
 @pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
-def test_resnet18_every_tensor_bit_exact(resnet: dict, fmt: str, target: str, native: bool) -> None:  # noqa: F811
+def test_resnet18_every_tensor_bit_exact(
+    resnet: dict,  # noqa: F811
+    fmt: str,
+    target: str,
+    native: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     prog, ins, outs = _compile(resnet[fmt], target)
     info = prog.inputs[0]
     x = resnet["x"]
     q = np.clip(np.rint(x / info.scale[0]) + info.zero_point[0], info.qmin, info.qmax).astype(info.dtype)
     assert _assert_exact(prog, {ins[0]: q}, native) >= 30
-    if native:  # the 31/15-bit multiplier convs run as Im2col + MatMulInteger + one RequantU8
-        kinds = {n.op_type for n in lower_program(prog, name="npu0", native=True).nodes}
-        assert target == "dpu-b4096" or {"Im2col", "RequantU8"} <= kinds
+    if native:  # the 31/15-bit multiplier convs run as one fused QConv each
+        kinds = [n.op_type for n in lower_program(prog, name="npu0", native=True).nodes]
+        assert target == "dpu-b4096" or (kinds.count("QConv") == 20 and "Im2col" not in kinds)
         assert "Round" not in kinds and "Slice" not in kinds
+        # the other GEMM paths this CPU has (the run above took its best): portable on both targets,
+        # AVX-VNNI on one (test_native checks every path on every rounding mode)
+        seen = {conv_isa()}
+        for forced in (
+            ("avx-vnni", "baseline") if target == "bm1684x" else ("baseline",) * (target != "dpu-b4096")
+        ):
+            monkeypatch.setenv(ISA_ENV, forced)
+            if conv_isa() not in seen:
+                seen.add(conv_isa())
+                assert _assert_exact(prog, {ins[0]: q}, native) >= 30
+        assert target == "dpu-b4096" or "portable" in seen
         return
     low = lower_program(prog, name="npu0")
     assert all(n.name.startswith("npu0/") for n in low.nodes)

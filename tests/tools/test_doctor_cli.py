@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import run_cli
-from zonnx.backend.native import native_status
+from zonnx.backend.native import conv_isa, native_status
 
 
 def test_doctor_names_the_native_library() -> None:
@@ -17,6 +17,7 @@ def test_doctor_names_the_native_library() -> None:
     status = native_status()
     assert facts["npu_kernels"] == ("native" if status.available else "onnx")
     assert facts["npu_kernels_why"] == status.reason
+    assert facts["npu_conv_gemm"] == (conv_isa() if status.available else None)
 
 
 def test_doctor_says_why_without_the_library(tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ extern "C" {
 
 __attribute__((visibility("default"))) int64_t ZonnxNativeAbiVersion() { return kAbiVersion; }
 
+// The GEMM path of QConv kernels created now (qconv_isa): 2 = AVX-512 VNNI, 1 = AVX-VNNI, 0 = portable.
+__attribute__((visibility("default"))) int64_t ZonnxNativeConvIsa() { return qconv_isa(); }
+
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                 const OrtApiBase* api_base) {
   const OrtApi* api = api_base ? api_base->GetApi(17) : nullptr;
@@ -20,7 +23,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   static std::once_flag once;
   std::call_once(once, [&] {
     if ((failed = api->CreateCustomOpDomain(kDomain, &domain)) != nullptr) return;
-    for (const OrtCustomOp* op : {requant_u8_op(), requant_i32_op(), im2col_op(), byteplane_op(), dwconv_op()}) {
+    for (const OrtCustomOp* op : {requant_u8_op(), requant_i32_op(), im2col_op(), byteplane_op(), dwconv_op(), qconv_op()}) {
       if ((failed = api->CustomOpDomain_Add(domain, op)) != nullptr) return;
     }
   });

@@ -1,0 +1,589 @@
+// QConv: a whole 8-bit convolution in one kernel, NHWC uint8 in, NHWC uint8 out:
+//   acc[p, o] = sum_k (col[p, k] - xzp) w[k, o]            (int32, exact: K 255 128 < 2^31, checked)
+//   y[p, o]   = clamp(((M[o] acc + K[o]) + A[o] + sel) >> s[o]) + zs, lo, hi)
+// where col is the im2col row of output position p (columns in (kh, kw, c) order, the stored pad code xzp
+// outside the input: it then adds 0) and the second line is RequantU8's int64 rule (requant.cpp) for one
+// term. Per block of output positions the im2col rows are built in a thread-local buffer that stays in
+// cache, multiplied by the weights (a constant input, packed once when the kernel is created), and every
+// finished output tile is requantized straight away, so no int32 tensor ever reaches memory.
+//
+// GEMM paths, picked per kernel at creation: AVX-512 VNNI (vpdpbusd: four u8 x s8 products added to an
+// int32 lane, no intermediate saturation; requantized in registers) when the CPU has it, else AVX-VNNI
+// (the same instruction on 256-bit VEX registers), else portable C++ (int32 sums, compiled for x86-64-v3
+// and the baseline, picked at load). Every path computes the same int32 sums exactly and the same int64
+// requantization, so the results never depend on the CPU. $ZONNX_NATIVE_ISA=avx-vnni or baseline caps the
+// path (tests of every path on one machine).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "zonnx_native.h"
+
+// GCC 12 warns inside its own AVX-512 intrinsics headers (_mm512_undefined_* as "maybe uninitialized").
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace zonnx_native {
+namespace {
+
+constexpr int kMR = 6;      // output positions per micro-tile
+constexpr int kLanes = 16;  // output channels per vector block
+constexpr int kNV = 4;      // vector blocks per panel: a panel is 64 output channels
+static_assert(kNV == 4, "mk_vnni names four accumulators per row");
+constexpr int kPanel = kLanes * kNV;
+
+enum Kind { kPlain, kParity, kSign };
+
+// The GEMM path: 2 = AVX-512 VNNI, 1 = AVX-VNNI (256-bit VEX), 0 = portable. $ZONNX_NATIVE_ISA = baseline
+// or avx-vnni caps it (tests of every path on one machine).
+int select_isa() {
+  const bool v512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+  const bool v256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+  const char* env = std::getenv("ZONNX_NATIVE_ISA");
+  if (env != nullptr && std::strcmp(env, "baseline") == 0) return 0;
+  if (env != nullptr && std::strcmp(env, "avx-vnni") == 0) return v256 ? 1 : 0;
+  return v512 ? 2 : (v256 ? 1 : 0);
+}
+
+// ---- micro-kernels: c[r][j] = sum_{q < kq} sum_{t < 4} a[r][4q + t] b[q][j][t], j < nv 16 --------------
+// b is one panel: for each k-quad q, 64 lanes x 4 bytes (lanes beyond the channels hold zero weights).
+
+// Requantization arguments of one panel (arrays padded to 64 channels) and one output row's destination.
+struct RqArgs {
+  const int32_t* zw;
+  const int64_t *m, *k, *s, *a, *b;
+  int64_t zs, lo, hi;
+  int nch;
+  const int32_t* m32;                  // the multipliers as int32 (when they all fit)
+  const int64_t *ke, *ko, *se, *so;    // k and s of the even / odd channels of each 16-channel group
+  const int64_t *ae, *ao, *be, *bo;    // a and b likewise
+};
+
+// rq16 for int32 multipliers without widening the accumulators: vpmuldq multiplies the even int32 lanes
+// (and, after a 32-bit shift, the odd ones) into int64 products; after the shift and the clamp to
+// [lo - zs, hi - zs] every value fits int32, so the even and odd results interleave back into 16 int32
+// lanes (clamp(v + zs, lo, hi) = clamp(v, lo - zs, hi - zs) + zs). The same integers as rq_loop.
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_32(
+    __m512i acc, const RqArgs& q, int j0, uint8_t* y) {
+  if (j0 >= q.nch) return;
+  const int g = j0 / 2;
+  const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
+  const __m512i m = _mm512_loadu_si512(q.m32 + j0);
+  const __m512i pe = _mm512_add_epi64(_mm512_mul_epi32(d, m), _mm512_loadu_si512(q.ke + g));
+  const __m512i po = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(d, 32), _mm512_srli_epi64(m, 32)),
+                                      _mm512_loadu_si512(q.ko + g));
+  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
+  __m512i te = _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
+  __m512i to = _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
+  if (KIND == kParity) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
+  }
+  if (KIND == kSign) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
+  }
+  const __m512i lo = _mm512_set1_epi64(q.lo - q.zs), hi = _mm512_set1_epi64(q.hi - q.zs);
+  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), lo), hi);
+  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), lo), hi);
+  __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
+  v = _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+  const int left = q.nch - j0;
+  const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+  _mm512_mask_cvtepi32_storeu_epi8(y + j0, mask, v);
+}
+
+// RequantU8's single-shift int64 rule on 16 accumulators (channels j0 .. j0 + 15) in registers, stored as
+// bytes: the same integers as rq_loop, 8 int64 lanes at a time (M32: multipliers fit int32, vpmuldq).
+template <int KIND, bool M32>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16(
+    __m512i acc, const RqArgs& q, int j0, uint8_t* y) {
+  if (j0 >= q.nch) return;
+  const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
+  for (int h = 0; h < 2; ++h) {
+    const int j = j0 + 8 * h;
+    if (j >= q.nch) return;
+    const __m512i x = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(d, 1) : _mm512_castsi512_si256(d));
+    const __m512i m = _mm512_loadu_si512(q.m + j);
+    __m512i p = M32 ? _mm512_mul_epi32(x, m) : _mm512_mullo_epi64(x, m);
+    p = _mm512_add_epi64(p, _mm512_loadu_si512(q.k + j));
+    const __m512i sh = _mm512_loadu_si512(q.s + j);
+    __m512i t = _mm512_add_epi64(p, _mm512_loadu_si512(q.a + j));
+    if (KIND == kParity) t = _mm512_add_epi64(t, _mm512_and_si512(_mm512_srav_epi64(p, sh), _mm512_loadu_si512(q.b + j)));
+    if (KIND == kSign) t = _mm512_add_epi64(t, _mm512_and_si512(_mm512_srai_epi64(p, 63), _mm512_loadu_si512(q.b + j)));
+    __m512i v = _mm512_add_epi64(_mm512_srav_epi64(t, sh), _mm512_set1_epi64(q.zs));
+    v = _mm512_min_epi64(_mm512_max_epi64(v, _mm512_set1_epi64(q.lo)), _mm512_set1_epi64(q.hi));
+    const __mmask8 mask = j + 8 <= q.nch ? __mmask8(0xFF) : __mmask8((1u << (q.nch - j)) - 1);
+    _mm512_mask_cvtepi64_storeu_epi8(y + j, mask, v);
+  }
+}
+
+// Accumulators are named variables (GCC keeps them in registers; an array of vectors it spills).
+#define ZN_ACC(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
+#define ZN_ROW(r)                                                                  \
+  if constexpr (MR > r) {                                                          \
+    int32_t quad;                                                                  \
+    std::memcpy(&quad, a + r * lda + 4 * q, 4);                                    \
+    const __m512i av = _mm512_set1_epi32(quad);                                    \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                                \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                                \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                                \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, av, b3);                                \
+  }
+#define ZN_STORE(r)                                                                \
+  if constexpr (MR > r) {                                                          \
+    uint8_t* yr = y + r * ldy;                                                     \
+    if constexpr (M32) {                                                           \
+      rq16_32<KIND>(c##r##0, rq, 0, yr);                                           \
+      rq16_32<KIND>(c##r##1, rq, 16, yr);                                          \
+      rq16_32<KIND>(c##r##2, rq, 32, yr);                                          \
+      rq16_32<KIND>(c##r##3, rq, 48, yr);                                          \
+    } else {                                                                       \
+      rq16<KIND, false>(c##r##0, rq, 0, yr);                                       \
+      rq16<KIND, false>(c##r##1, rq, 16, yr);                                      \
+      rq16<KIND, false>(c##r##2, rq, 32, yr);                                      \
+      rq16<KIND, false>(c##r##3, rq, 48, yr);                                      \
+    }                                                                              \
+  }
+
+// MR output positions x one 64-channel panel: the int32 sums by vpdpbusd, then requantized to y rows.
+template <int MR, int KIND, bool M32>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(const uint8_t* a, int64_t lda,
+                                                                              const int8_t* b, int64_t kq,
+                                                                              const RqArgs& rq, uint8_t* y,
+                                                                              int64_t ldy) {
+  ZN_ACC(0) ZN_ACC(1) ZN_ACC(2) ZN_ACC(3) ZN_ACC(4) ZN_ACC(5)
+  for (int64_t q = 0; q < kq; ++q) {
+    const int8_t* bq = b + q * kPanel * 4;
+    const __m512i b0 = _mm512_loadu_si512(bq), b1 = _mm512_loadu_si512(bq + 64);
+    const __m512i b2 = _mm512_loadu_si512(bq + 128), b3 = _mm512_loadu_si512(bq + 192);
+    ZN_ROW(0) ZN_ROW(1) ZN_ROW(2) ZN_ROW(3) ZN_ROW(4) ZN_ROW(5)
+  }
+  ZN_STORE(0) ZN_STORE(1) ZN_STORE(2) ZN_STORE(3) ZN_STORE(4) ZN_STORE(5)
+}
+#undef ZN_ACC
+#undef ZN_ROW
+#undef ZN_STORE
+
+// AVX-VNNI (VEX, 256-bit): MR <= 3 positions x one half (32 lanes) of a panel per call, int32 sums to c.
+#define ZN_ACC8(r) __m256i d##r##0 = _mm256_setzero_si256(), d##r##1 = d##r##0, d##r##2 = d##r##0, d##r##3 = d##r##0;
+#define ZN_ROW8(r)                                                                 \
+  if constexpr (MR > r) {                                                          \
+    int32_t quad;                                                                  \
+    std::memcpy(&quad, a + r * lda + 4 * q, 4);                                    \
+    const __m256i av = _mm256_set1_epi32(quad);                                    \
+    d##r##0 = _mm256_dpbusd_avx_epi32(d##r##0, av, b0);                            \
+    d##r##1 = _mm256_dpbusd_avx_epi32(d##r##1, av, b1);                            \
+    d##r##2 = _mm256_dpbusd_avx_epi32(d##r##2, av, b2);                            \
+    d##r##3 = _mm256_dpbusd_avx_epi32(d##r##3, av, b3);                            \
+  }
+#define ZN_STORE8(r)                                                               \
+  if constexpr (MR > r) {                                                          \
+    int32_t* cr = c + r * kPanel + half * 32;                                      \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cr), d##r##0);                  \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cr + 8), d##r##1);              \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cr + 16), d##r##2);             \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cr + 24), d##r##3);             \
+  }
+
+template <int MR>
+__attribute__((target("avx2,avxvnni"))) void mk_avxvnni(const uint8_t* a, int64_t lda, const int8_t* b, int64_t kq,
+                                                       int32_t* c, int half) {
+  ZN_ACC8(0) ZN_ACC8(1) ZN_ACC8(2)
+  for (int64_t q = 0; q < kq; ++q) {
+    const __m256i* bq = reinterpret_cast<const __m256i*>(b + q * kPanel * 4 + half * 128);
+    const __m256i b0 = _mm256_loadu_si256(bq), b1 = _mm256_loadu_si256(bq + 1);
+    const __m256i b2 = _mm256_loadu_si256(bq + 2), b3 = _mm256_loadu_si256(bq + 3);
+    ZN_ROW8(0) ZN_ROW8(1) ZN_ROW8(2)
+  }
+  ZN_STORE8(0) ZN_STORE8(1) ZN_STORE8(2)
+}
+#undef ZN_ACC8
+#undef ZN_ROW8
+#undef ZN_STORE8
+
+// mr <= 6 positions x the lanes of nv 16-lane blocks: row groups of 3, panel halves of 32 lanes.
+void gemm_avxvnni(const uint8_t* a, int64_t lda, const int8_t* b, int64_t kq, int32_t* c, int mr, int nv) {
+  for (int r = 0; r < mr; r += 3) {
+    const int n = std::min(3, mr - r);
+    for (int half = 0; half < (nv + 1) / 2; ++half) {
+      if (n == 3) mk_avxvnni<3>(a + r * lda, lda, b, kq, c + r * kPanel, half);
+      else if (n == 2) mk_avxvnni<2>(a + r * lda, lda, b, kq, c + r * kPanel, half);
+      else mk_avxvnni<1>(a + r * lda, lda, b, kq, c + r * kPanel, half);
+    }
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void mk_portable(const uint8_t* a, int64_t lda,
+                                                                          const int8_t* b, int64_t kq,
+                                                                          int32_t* c, int mr, int nv) {
+  const int n = nv * kLanes;  // lanes beyond it hold zero weights
+  for (int r = 0; r < mr; ++r) {
+    int32_t acc[kPanel] = {0};
+    const uint8_t* ar = a + r * lda;
+    for (int64_t q = 0; q < kq; ++q) {
+      const int32_t x0 = ar[4 * q], x1 = ar[4 * q + 1], x2 = ar[4 * q + 2], x3 = ar[4 * q + 3];
+      const int8_t* bq = b + q * kPanel * 4;
+      for (int j = 0; j < n; ++j)
+        acc[j] += x0 * bq[4 * j] + x1 * bq[4 * j + 1] + x2 * bq[4 * j + 2] + x3 * bq[4 * j + 3];
+    }
+    std::memcpy(c + r * kPanel, acc, sizeof(int32_t) * static_cast<size_t>(n));
+  }
+}
+
+using VnniFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const RqArgs&, uint8_t*, int64_t);
+template <int KIND, bool M32>
+VnniFn vnni_for(int mr) {
+  switch (mr) {
+    case 1: return mk_vnni<1, KIND, M32>;
+    case 2: return mk_vnni<2, KIND, M32>;
+    case 3: return mk_vnni<3, KIND, M32>;
+    case 4: return mk_vnni<4, KIND, M32>;
+    case 5: return mk_vnni<5, KIND, M32>;
+    default: return mk_vnni<6, KIND, M32>;
+  }
+}
+VnniFn vnni_kernel(int mr, int kind, bool m32) {
+  if (kind == kParity) return m32 ? vnni_for<kParity, true>(mr) : vnni_for<kParity, false>(mr);
+  if (kind == kSign) return m32 ? vnni_for<kSign, true>(mr) : vnni_for<kSign, false>(mr);
+  return m32 ? vnni_for<kPlain, true>(mr) : vnni_for<kPlain, false>(mr);
+}
+
+// ---- requantization of one output position's channels (RequantU8's single-shift int64 rule) ----------
+template <int KIND>
+inline __attribute__((always_inline)) void rq_loop(const int32_t* __restrict acc, const int32_t* __restrict zw,
+                                                   uint8_t* __restrict y, int n, const int64_t* __restrict m,
+                                                   const int64_t* __restrict k, const int64_t* __restrict s,
+                                                   const int64_t* __restrict a, const int64_t* __restrict b,
+                                                   int64_t zs, int64_t lo, int64_t hi) {
+  for (int j = 0; j < n; ++j) {
+    const int64_t p = m[j] * static_cast<int64_t>(acc[j] - zw[j]) + k[j];
+    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[j]) : (p >> 63)) & b[j]);
+    int64_t v = ((p + a[j] + sel) >> s[j]) + zs;
+    v = v < lo ? lo : (v > hi ? hi : v);
+    y[j] = static_cast<uint8_t>(v);
+  }
+}
+
+// The same with multipliers that fit int32: M acc is then one 32 x 32 -> 64-bit product (vpmuldq), the
+// same integer as the int64 product.
+template <int KIND>
+inline __attribute__((always_inline)) void rq_loop32(const int32_t* __restrict acc, const int32_t* __restrict zw,
+                                                     uint8_t* __restrict y, int n, const int32_t* __restrict m,
+                                                     const int64_t* __restrict k, const int64_t* __restrict s,
+                                                     const int64_t* __restrict a, const int64_t* __restrict b,
+                                                     int64_t zs, int64_t lo, int64_t hi) {
+  for (int j = 0; j < n; ++j) {
+    const int64_t p = static_cast<int64_t>(m[j]) * static_cast<int64_t>(acc[j] - zw[j]) + k[j];
+    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[j]) : (p >> 63)) & b[j]);
+    int64_t v = ((p + a[j] + sel) >> s[j]) + zs;
+    v = v < lo ? lo : (v > hi ? hi : v);
+    y[j] = static_cast<uint8_t>(v);
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "default"))) void rq_row32(
+    const int32_t* acc, const int32_t* zw, uint8_t* y, int n, const int32_t* m, const int64_t* k,
+    const int64_t* s, const int64_t* a, const int64_t* b, int64_t zs, int64_t lo, int64_t hi, int kind) {
+  if (kind == kPlain) rq_loop32<kPlain>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+  else if (kind == kParity) rq_loop32<kParity>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+  else rq_loop32<kSign>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "default"))) void rq_row(
+    const int32_t* acc, const int32_t* zw, uint8_t* y, int n, const int64_t* m, const int64_t* k,
+    const int64_t* s, const int64_t* a, const int64_t* b, int64_t zs, int64_t lo, int64_t hi, int kind) {
+  if (kind == kPlain) rq_loop<kPlain>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+  else if (kind == kParity) rq_loop<kParity>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+  else rq_loop<kSign>(acc, zw, y, n, m, k, s, a, b, zs, lo, hi);
+}
+
+// memcpy of n bytes as at most two overlapping fixed-size moves for short runs (an im2col of few channels
+// copies a run of a few dozen bytes per kernel row, where a library call costs more than the copy).
+inline void copy_run(uint8_t* __restrict d, const uint8_t* __restrict s, size_t n) {
+  if (n >= 32 && n <= 64) {
+    std::memcpy(d, s, 32);
+    std::memcpy(d + n - 32, s + n - 32, 32);
+  } else if (n >= 16 && n < 32) {
+    std::memcpy(d, s, 16);
+    std::memcpy(d + n - 16, s + n - 16, 16);
+  } else if (n >= 8 && n < 16) {
+    std::memcpy(d, s, 8);
+    std::memcpy(d + n - 8, s + n - 8, 8);
+  } else if (n >= 4 && n < 8) {
+    std::memcpy(d, s, 4);
+    std::memcpy(d + n - 4, s + n - 4, 4);
+  } else if (n < 4) {
+    for (size_t i = 0; i < n; ++i) d[i] = s[i];
+  } else {
+    std::memcpy(d, s, n);
+  }
+}
+
+inline void fill_run(uint8_t* d, uint8_t v, size_t n) {
+  if (n < 16) {
+    for (size_t i = 0; i < n; ++i) d[i] = v;
+  } else {
+    std::memset(d, v, n);
+  }
+}
+
+struct QConvKernel {
+  int64_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, xzp;
+  int64_t zs, lo, hi;
+  int kind;
+  std::vector<int64_t> mult, cnst, shift, addend, bmask;
+  std::vector<int32_t> mult32;  // the multipliers as int32 when all fit, else empty
+  int64_t channels = 0;          // output channels (the arrays above are padded to whole panels)
+  std::vector<int64_t> ke, ko, se, so, ae, ao, be, bo;  // even / odd channels of each 16-group (rq16_32)
+  int isa;  // select_isa() at creation
+  // packed weights, made at creation from the constant weight input: panels of 64 channels
+  int64_t k = 0, kp = 0, outs = 0;
+  std::vector<int8_t> packed;
+  std::vector<int32_t> zw;  // xzp sum_k w[k, o]
+
+  explicit QConvKernel(const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo ki(info);
+    auto kk = ki.GetAttributes<int64_t>("kernel");
+    auto s = ki.GetAttributes<int64_t>("strides");
+    auto d = ki.GetAttributes<int64_t>("dilations");
+    auto p = ki.GetAttributes<int64_t>("pads");
+    if (kk.size() != 2 || s.size() != 2 || d.size() != 2 || p.size() != 4)
+      throw std::runtime_error("QConv: kernel, strides, dilations take 2 values and pads 4");
+    kh = kk[0]; kw = kk[1]; sh = s[0]; sw = s[1]; dh = d[0]; dw = d[1];
+    pt = p[0]; pl = p[1]; pb = p[2]; pr = p[3];
+    xzp = ki.GetAttribute<int64_t>("x_zero_point");
+    if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0 || pb < 0 || pr < 0 ||
+        xzp < 0 || xzp > 255)
+      throw std::runtime_error("QConv: bad kernel, stride, dilation, pad or zero point attribute");
+    mult = ki.GetAttributes<int64_t>("mult");
+    cnst = ki.GetAttributes<int64_t>("cnst");
+    shift = ki.GetAttributes<int64_t>("shift");
+    const int64_t mode = ki.GetAttribute<int64_t>("mode");
+    zs = ki.GetAttribute<int64_t>("zs");
+    lo = ki.GetAttribute<int64_t>("lo");
+    hi = ki.GetAttribute<int64_t>("hi");
+    if (mult.empty() || mult.size() != cnst.size() || mult.size() != shift.size() || mode < 0 || mode > 6 ||
+        lo < 0 || hi > 255 || lo > hi)
+      throw std::runtime_error("QConv: inconsistent requantization attributes (mult, cnst, shift, mode, lo, hi)");
+    for (int64_t v : shift) {
+      if (v < 0 || v > 62) throw std::runtime_error("QConv: shift outside [0, 62]");
+      const int64_t half = v > 0 ? (int64_t{1} << (v - 1)) : 0, full = (int64_t{1} << v) - 1;
+      int64_t a = 0, b = 0;
+      switch (mode) {  // the modes of ROUND_MODES: half_up, half_even, half_away, half_down, floor, ceil, trunc
+        case 0: a = half; break;
+        case 1: a = v > 0 ? half - 1 : 0; b = v > 0 ? 1 : 0; break;
+        case 2: a = half; b = v > 0 ? -1 : 0; break;
+        case 3: a = v > 0 ? half - 1 : 0; break;
+        case 4: break;
+        case 5: a = full; break;
+        default: b = full; break;
+      }
+      addend.push_back(a);
+      bmask.push_back(b);
+    }
+    channels = static_cast<int64_t>(mult.size());
+    const size_t padded = static_cast<size_t>((channels + kPanel - 1) / kPanel * kPanel);  // whole panels
+    for (auto* v : {&mult, &cnst, &shift, &addend, &bmask}) v->resize(padded, 0);
+    if (std::all_of(mult.begin(), mult.end(), [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }))
+      mult32.assign(mult.begin(), mult.end());
+    const std::vector<int64_t>* src[4] = {&cnst, &shift, &addend, &bmask};
+    std::vector<int64_t>* even[4] = {&ke, &se, &ae, &be};
+    std::vector<int64_t>* odd[4] = {&ko, &so, &ao, &bo};
+    for (int t = 0; t < 4; ++t) {
+      even[t]->assign(padded / 2, 0);
+      odd[t]->assign(padded / 2, 0);
+      for (size_t ch = 0; ch < padded; ++ch)
+        (ch % 2 ? odd[t] : even[t])->at(ch / 16 * 8 + ch % 16 / 2) = (*src[t])[ch];
+    }
+    kind = mode == 1 ? kParity : ((mode == 2 || mode == 6) ? kSign : kPlain);
+    isa = select_isa();
+    int is_const = 0;
+    Ort::ConstValue wv = ki.GetTensorConstantInput(1, &is_const);
+    if (!is_const) throw std::runtime_error("QConv: the weights must be a constant initializer");
+    auto wi = wv.GetTensorTypeAndShapeInfo();
+    auto wshape = wi.GetShape();
+    if (wi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 || wshape.size() != 2 || wshape[1] != channels)
+      throw std::runtime_error("QConv: weights must be int8 [kh kw C, O] with O = the requantization channels");
+    if (wshape[0] * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
+    pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1]);
+  }
+
+  void pack(const int8_t* w, int64_t kdim, int64_t o) {
+    k = kdim;
+    kp = (kdim + 3) / 4 * 4;
+    outs = o;
+    const int64_t panels = (o + kPanel - 1) / kPanel;
+    packed.assign(static_cast<size_t>(panels * kp * kPanel), 0);
+    zw.assign(static_cast<size_t>(panels * kPanel), 0);
+    for (int64_t pn = 0; pn < panels; ++pn) {
+      const int64_t o0 = pn * kPanel;
+      int8_t* dst = packed.data() + pn * kp * kPanel;
+      for (int64_t q = 0; q < kp / 4; ++q)
+        for (int j = 0; j < kPanel; ++j)
+          for (int t = 0; t < 4; ++t) {
+            const int64_t kk = 4 * q + t, oc = o0 + j;
+            dst[(q * kPanel + j) * 4 + t] = (kk < kdim && oc < o) ? w[kk * o + oc] : 0;
+          }
+    }
+    for (int64_t oc = 0; oc < o; ++oc) {
+      int64_t sum = 0;
+      for (int64_t kk = 0; kk < kdim; ++kk) sum += w[kk * o + oc];
+      zw[static_cast<size_t>(oc)] = static_cast<int32_t>(xzp * sum);
+    }
+  }
+
+  // The im2col rows of output positions [r0, r0 + rows) into col (kp bytes each, tail zero).
+  // The im2col rows of output positions [r0, r0 + rows) into col (kp bytes each, tail zero). Positions are
+  // taken in runs of one output row; per kernel row i the interior positions of a run (whole kernel row
+  // inside the input, dw == 1) copy kw c bytes each with only pointer steps, the edges tap by tap.
+  void im2col(const uint8_t* x, int64_t h, int64_t w, int64_t c, int64_t oh, int64_t ow, int64_t r0,
+              int64_t rows, uint8_t* col) const {
+    const uint8_t pad = static_cast<uint8_t>(xzp);
+    const size_t run = static_cast<size_t>(kw * c);
+    // interior output columns: ox * sw - pl >= 0 and ox * sw - pl + kw <= w (dw == 1)
+    const int64_t in0 = std::min<int64_t>(ow, (pl + sw - 1) / sw);
+    const int64_t in1 = dw == 1 && w - kw + pl >= 0 ? std::min<int64_t>(ow, (w - kw + pl) / sw + 1) : 0;
+    for (int64_t r = 0; r < rows;) {
+      const int64_t pix = r0 + r;
+      const int64_t b = pix / (oh * ow), oy = (pix / ow) % oh, ox0 = pix % ow;
+      const int64_t ox1 = std::min<int64_t>(ow, ox0 + rows - r);  // this run: [ox0, ox1) of row oy
+      uint8_t* base = col + r * kp;
+      for (int64_t i = 0; i < kh; ++i) {
+        const int64_t iy = oy * sh - pt + i * dh;
+        uint8_t* rowdst = base + i * kw * c;
+        const bool inside = iy >= 0 && iy < h;
+        const uint8_t* src_row = inside ? x + (b * h + iy) * w * c : nullptr;
+        const int64_t a0 = inside ? std::max(ox0, in0) : ox1, a1 = inside ? std::min(ox1, in1) : ox1;
+        for (int64_t ox = ox0; ox < ox1; ++ox) {
+          if (ox == a0 && a0 < a1) {  // the interior: one run per position, pointer steps only
+            const uint8_t* src = src_row + (a0 * sw - pl) * c;
+            uint8_t* dst = rowdst + (a0 - ox0) * kp;
+            for (int64_t q = a0; q < a1; ++q, src += sw * c, dst += kp) copy_run(dst, src, run);
+            ox = a1 - 1;
+            continue;
+          }
+          uint8_t* dst = rowdst + (ox - ox0) * kp;
+          for (int64_t j = 0; j < kw; ++j, dst += c) {
+            const int64_t ix = ox * sw - pl + j * dw;
+            if (!inside || ix < 0 || ix >= w) fill_run(dst, pad, static_cast<size_t>(c));
+            else copy_run(dst, src_row + ix * c, static_cast<size_t>(c));
+          }
+        }
+      }
+      for (int64_t ox = ox0; ox < ox1; ++ox) fill_run(base + (ox - ox0) * kp + k, 0, static_cast<size_t>(kp - k));
+      r += ox1 - ox0;
+    }
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    Ort::ConstValue xv = ctx.GetInput(0);
+    auto xi = xv.GetTensorTypeAndShapeInfo();
+    auto shape = xi.GetShape();
+    if (xi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape.size() != 4)
+      throw std::runtime_error("QConv: input must be uint8 NHWC rank 4");
+    const int64_t n = shape[0], h = shape[1], w = shape[2], c = shape[3];
+    const int64_t o = outs;
+    if (k != kh * kw * c) throw std::runtime_error("QConv: weight rows differ from kh kw C of the input");
+    const int64_t eh = (kh - 1) * dh + 1, ew = (kw - 1) * dw + 1;
+    if (h + pt + pb < eh || w + pl + pr < ew) throw std::runtime_error("QConv: kernel larger than the padded input");
+    const int64_t oh = (h + pt + pb - eh) / sh + 1, ow = (w + pl + pr - ew) / sw + 1;
+    Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, o});
+    uint8_t* y = static_cast<uint8_t*>(out.GetTensorMutableRawData());
+    const uint8_t* x = static_cast<const uint8_t*>(xv.GetTensorRawData());
+    const int64_t total = n * oh * ow;
+    if (total == 0) return;
+    // a 1x1, stride 1, unpadded conv with C % 4 == 0 reads the input rows in place
+    const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0 &&
+                        kp == k;
+    // positions per block: the block's im2col rows within about 256 KB
+    const int64_t block = std::clamp<int64_t>((262144 / kp) / kMR * kMR, kMR, 40 * kMR);
+    const size_t tasks = static_cast<size_t>((total + block - 1) / block);
+    parallel_for(ctx, tasks, [&](size_t task) {
+      thread_local std::vector<uint8_t> scratch;
+      const int64_t r0 = static_cast<int64_t>(task) * block, rows = std::min<int64_t>(block, total - r0);
+      const uint8_t* col = x + r0 * c;
+      if (!direct) {
+        if (scratch.size() < static_cast<size_t>(block * kp)) scratch.resize(static_cast<size_t>(block * kp));
+        im2col(x, h, w, c, oh, ow, r0, rows, scratch.data());
+        col = scratch.data();
+      }
+      alignas(64) int32_t tile[kMR * kPanel];
+      const int64_t panels = (o + kPanel - 1) / kPanel;
+      for (int64_t pn = 0; pn < panels; ++pn) {
+        const int64_t o0 = pn * kPanel;
+        const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
+        const int nv = (nch + kLanes - 1) / kLanes;
+        const int8_t* bp = packed.data() + pn * kp * kPanel;
+        const int64_t h0 = o0 / 2;
+        const RqArgs rq{zw.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
+                        addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch,
+                        mult32.empty() ? nullptr : mult32.data() + o0, ke.data() + h0, ko.data() + h0,
+                        se.data() + h0, so.data() + h0, ae.data() + h0, ao.data() + h0, be.data() + h0,
+                        bo.data() + h0};
+        for (int64_t r = 0; r < rows; r += kMR) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
+          if (isa == 2) {
+            vnni_kernel(mr, kind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
+            continue;
+          }
+          if (isa == 1) gemm_avxvnni(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
+          else mk_portable(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
+          for (int i = 0; i < mr; ++i) {
+            uint8_t* yr = y + (r0 + r + i) * o + o0;
+            if (!mult32.empty())
+              rq_row32(tile + i * kPanel, zw.data() + o0, yr, nch, mult32.data() + o0, cnst.data() + o0,
+                       shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
+            else
+              rq_row(tile + i * kPanel, zw.data() + o0, yr, nch, mult.data() + o0, cnst.data() + o0,
+                     shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
+          }
+        }
+      }
+    });
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      Compute(context);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
+    }
+  }
+};
+
+struct QConvOp : Ort::CustomOpBase<QConvOp, QConvKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new QConvKernel(info);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string("zonnx.native ") + e.what()).c_str());
+    }
+  }
+  const char* GetName() const { return "QConv"; }
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
+};
+
+}  // namespace
+
+const OrtCustomOp* qconv_op() {
+  static const QConvOp op;
+  return &op;
+}
+
+int qconv_isa() { return select_isa(); }
+
+}  // namespace zonnx_native
