@@ -151,3 +151,14 @@ def test_names_inside_functions_and_subgraphs_are_checked() -> None:
         bad = onnx.ModelProto.FromString(data.replace(text, text[:4] + b"\xff\xfe"))
         with pytest.raises(ModelLoadError, match=where):
             check_names(bad, "m.onnx")
+
+
+def test_a_node_overload_that_is_not_text_is_refused() -> None:
+    """The fuzzer's last find: NodeProto.overload is a string field too."""
+    from zonnx.ir.checks import check_names
+
+    model = _conv_model()
+    model.graph.node[0].overload = "oooooo"
+    bad = onnx.ModelProto.FromString(model.SerializeToString().replace(b"oooooo", b"oooo\xff\xfe"))
+    with pytest.raises(ModelLoadError, match=r"node #0 \(overload\)"):
+        check_names(bad, "m.onnx")

@@ -76,7 +76,12 @@ def _check_node_names(nodes, scope: str, fail) -> None:  # noqa: ANN001 - repeat
     """Names of ``nodes`` and of every graph their attributes hold (If/Loop/Scan bodies), recursively."""
     for i, n in enumerate(nodes):
         label = f"{scope}node #{i}" if _bad_text(n.name) else f"{scope}node {n.name!r}"
-        for field, value in (("name", n.name), ("op_type", n.op_type), ("domain", n.domain)):
+        for field, value in (
+            ("name", n.name),
+            ("op_type", n.op_type),
+            ("domain", n.domain),
+            ("overload", n.overload),
+        ):
             if _bad_text(value):
                 fail(f"{scope}node #{i} ({field})", value)
         for value in list(n.input) + list(n.output):
