@@ -280,13 +280,17 @@ def quantize(
     ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
     input_shape: list[str] = typer.Option(
-        None, "--input-shape", help="NAME:D1,D2,... fixed input dims for the search's NPU share (as compiled)."
+        None,
+        "--input-shape",
+        help="NAME:D1,D2,... fixed input dims for the search's NPU share (as compiled).",
     ),
     search_samples: int = typer.Option(
         None, "--search-samples", help="Score candidates on the first N evaluation samples; confirm on all."
     ),
     min_npu_share: float = typer.Option(
-        0.9, "--min-npu-share", help="With --target: a choice with less of its MACs on the NPU misses the budget."
+        0.9,
+        "--min-npu-share",
+        help="With --target: a choice with less of its MACs on the NPU misses the budget.",
     ),
     fast_finetune: str = typer.Option(
         None, "--fast-finetune", help="Tune weights layer by layer after quantizing: adaround or adaquant."
@@ -295,7 +299,9 @@ def quantize(
         None, "--fast-finetune-iters", help="Fast finetune steps per layer (default 1000)."
     ),
     requantize: bool = typer.Option(
-        False, "--requantize", help="A pre-quantized MODEL: dequantize it and calibrate from scratch (no grids kept)."
+        False,
+        "--requantize",
+        help="A pre-quantized MODEL: dequantize it and calibrate from scratch (no grids kept).",
     ),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
@@ -313,7 +319,9 @@ def quantize(
         {"OUTPUT": output, "--save-stats": save_stats, "--export-table": export_table,
          "the per-layer report": Path(f"{output}.report.json"), **search_outputs},
     )  # fmt: skip
-    if accuracy_budget is None and (eval_data or metric != "cosine" or strict or input_shape or search_samples):
+    if accuracy_budget is None and (
+        eval_data or metric != "cosine" or strict or input_shape or search_samples
+    ):
         raise OptionError(
             "--metric, --eval, --strict, --input-shape and --search-samples go with --accuracy-budget; add it "
             "or drop them."

@@ -67,9 +67,7 @@ def node_overrides(overrides: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def npu_mac_share(
-    model: Any, target: str, input_shapes: Mapping[str, Sequence[int]] | None = None
-) -> float:
+def npu_mac_share(model: Any, target: str, input_shapes: Mapping[str, Sequence[int]] | None = None) -> float:
     """Share of MACs the backend's partitioner would put on ``target`` (capability + partition only),
     with the inputs' dims fixed to ``input_shapes`` when given."""
     import onnx_ir as ir
