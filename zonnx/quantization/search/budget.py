@@ -19,7 +19,8 @@ metric of the float model against itself, e.g. 1.0 for cosine, top1 and char-acc
 5. NPU share: with ``min_npu_share``, a choice whose share of MACs on the NPU (the partitioner's,
    after the inputs' dims are fixed) is below it does not meet the budget: float layers run on the
    CPU and split the graph. The search says so; raise int16 layers on a target that has int16.
-6. Every candidate goes into the table; when none meets the budget the best one is kept (and said).
+6. Every candidate goes into the table; when none meets the budget the best one is kept (and said),
+   among those that keep ``min_npu_share`` when any does.
 
 The chosen overrides are written as a config file (the format ``--config`` reads), so the user can
 edit and re-run without searching.
@@ -166,6 +167,12 @@ def search_budget(
                 best = _confirm(scorer, order, high, precision, threshold, candidates, progress)
     met = best.score >= threshold
     share = best.npu_mac_share
+    if not met and share is not None and share < min_npu_share:
+        # nothing meets the budget: keep the best candidate that still keeps the NPU share, if any
+        kept = [c for c in [baseline, *candidates] if (c.npu_mac_share or 0.0) >= min_npu_share]
+        if kept:
+            best = max(kept, key=lambda c: c.score)
+            share = best.npu_mac_share
     if met and share is not None and share < min_npu_share:
         met = False
         logger.warning(
