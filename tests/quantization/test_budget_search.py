@@ -131,8 +131,12 @@ def test_bad_search_input_is_one_clear_error(digits: Path, tmp_path: Path) -> No
         )
     with pytest.raises(OptionError, match="needs at least 4"):
         quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(3), _config(), budget=1)
+    with pytest.raises(OptionError, match="--min-npu-share 90"):
+        quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(8), _config(), budget=1, min_npu_share=90)
     proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--calib", "c.npz", "--metric", "top1")
     assert proc.returncode == 2 and "go with --accuracy-budget" in proc.stderr
+    proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--input-shape", "input:1,1,8,8")
+    assert proc.returncode == 2 and "--input-shape and --search-samples go with" in proc.stderr
 
 
 def test_targets_offer_int16_where_their_file_says_so() -> None:

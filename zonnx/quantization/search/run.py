@@ -100,8 +100,9 @@ def quantize_with_budget(
                 "the accuracy search needs the per-layer report; set ReportSamples to 1 or more."
             )
         scorer = CandidateScorer(
-            model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples
-        )
+            model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples,
+            calib_feeds=calib,
+        )  # fmt: skip
         result = search_budget(
             scorer,
             baseline.report,

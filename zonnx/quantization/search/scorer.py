@@ -96,12 +96,15 @@ class CandidateScorer:
         metric: str,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         search_samples: int | None = None,
+        calib_feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
     ) -> None:
         if not feeds:
             raise OptionError("the accuracy search needs at least one evaluation sample.")
         self.float_model = str(float_model)
         self.metric_spec = metric
         self.input_shapes = dict(input_shapes) if input_shapes else None
+        # algorithms that run the model on samples (bias correction) need them again per candidate
+        self.calib_feeds = [dict(f) for f in calib_feeds] if calib_feeds else None
         self.base = dataclasses.replace(
             base,
             extra=dataclasses.replace(
@@ -127,7 +130,12 @@ class CandidateScorer:
         cfg = dataclasses.replace(
             self.base, node_overrides={**self.base.node_overrides, **node_overrides(overrides)}
         )
-        return quantize_static(self.float_model, None, None, config=cfg).model
+        from zonnx.quantization.calibration.readers import ListReader
+
+        reader = (
+            ListReader(self.calib_feeds) if self.calib_feeds and self.base.extra.bias_correction else None
+        )
+        return quantize_static(self.float_model, None, reader, config=cfg).model
 
     @property
     def subset(self) -> bool:
