@@ -181,7 +181,9 @@ def test_a_mixed_precision_choice_compiles_for_the_target_and_runs_bit_exact(
         assert np.abs(a - b).max() <= max(step * 1.001, 0.002 * np.ptp(b)) and a.argmax() == b.argmax()
 
 
-def test_a_budget_choice_for_pp_ocr_compiles_with_fixed_shapes_and_the_npu_agrees(tmp_path: Path) -> None:
+def test_a_budget_choice_for_pp_ocr_compiles_with_fixed_shapes_and_the_npu_agrees(
+    tmp_path: Path, caplog
+) -> None:
     """PP-OCRv4 rec on zhouyi-x2 (int16 offered): with the rec width fixed to 320 the searched candidates
     (3 layers int16) keep >= 90% of MACs on the NPU by the partitioner, the search's choice keeps them
     once compiled, and the simulated NPU decodes the fake-quant model's text to within one character in
@@ -209,4 +211,7 @@ def test_a_budget_choice_for_pp_ocr_compiles_with_fixed_shapes_and_the_npu_agree
     compiled_path = compiled.save(tmp_path / "rec_npu.onnx")
     # the NPU's text against the fake-quant model's: zhouyi-x2 requantizes half-up, ORT half-even, so a
     # character whose score sits next to the blank's (a space, in practice) may flip
-    assert evaluate(out, compiled_path, feeds[6:10], "char-accuracy") >= 0.95
+    with caplog.at_level(logging.WARNING):
+        assert evaluate(out, compiled_path, feeds[6:10], "char-accuracy") >= 0.95
+    # the NPU programs run in ORT, not the slow reference executor (an opset-13 Reshape takes no allowzero)
+    assert "cannot load the model" not in caplog.text
