@@ -10,7 +10,7 @@ A model without quantizers is refused with the command that quantizes it.
 
 from __future__ import annotations
 
-__all__ = ["CompiledModel", "compile_model", "prepare_source", "not_quantized_message"]
+__all__ = ["CompiledModel", "compile_model", "prepare_source", "not_quantized_message", "fix_input_shapes"]
 
 import dataclasses
 import hashlib

@@ -429,6 +429,12 @@ REGISTRY: dict[str, Benchmark] = {
             "to sigmoid scores) per NPU target: fake-quant and simulated-NPU cosine vs float, NPU MAC share",
         ),
         Benchmark(
+            "npu_budget",
+            "bench.bench_npu_budget:bench_npu_budget",
+            "PP-OCRv4 rec --accuracy-budget 0.5 char-accuracy per NPU target: the choice compiled and run on the "
+            "simulated NPU against float, its NPU MAC share and the search time",
+        ),
+        Benchmark(
             "accuracy_peers",
             "bench.bench_accuracy_peers:bench_accuracy_peers",
             "PP-OCRv4 rec char accuracy and transformer output cosine: zonnx vs NNCF (and AIMET-ONNX), each "

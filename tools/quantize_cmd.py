@@ -21,7 +21,7 @@ from zonnx.quantization.api import build_config, quantize_static
 from zonnx.quantization.config import load_config_file
 from zonnx.quantization.sources import reader_from_source
 from zonnx.tools.console import console, err_console
-from zonnx.tools.options import parse_name_list
+from zonnx.tools.options import parse_input_shapes, parse_name_list
 from zonnx.tools.quantize_budget import run_budget_search
 
 
@@ -279,6 +279,19 @@ def quantize(
         0, "--measure-layers", help="Re-order the first N candidate layers by measured sensitivity (cached)."
     ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
+    input_shape: list[str] = typer.Option(
+        None,
+        "--input-shape",
+        help="NAME:D1,D2,... fixed input dims for the search's NPU share (as compiled).",
+    ),
+    search_samples: int = typer.Option(
+        None, "--search-samples", help="Score candidates on the first N evaluation samples; confirm on all."
+    ),
+    min_npu_share: float = typer.Option(
+        0.9,
+        "--min-npu-share",
+        help="With --target: a choice with less of its MACs on the NPU misses the budget.",
+    ),
     fast_finetune: str = typer.Option(
         None, "--fast-finetune", help="Tune weights layer by layer after quantizing: adaround or adaquant."
     ),
@@ -286,7 +299,9 @@ def quantize(
         None, "--fast-finetune-iters", help="Fast finetune steps per layer (default 1000)."
     ),
     requantize: bool = typer.Option(
-        False, "--requantize", help="A pre-quantized MODEL: dequantize it and calibrate from scratch (no grids kept)."
+        False,
+        "--requantize",
+        help="A pre-quantized MODEL: dequantize it and calibrate from scratch (no grids kept).",
     ),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
@@ -304,8 +319,13 @@ def quantize(
         {"OUTPUT": output, "--save-stats": save_stats, "--export-table": export_table,
          "the per-layer report": Path(f"{output}.report.json"), **search_outputs},
     )  # fmt: skip
-    if accuracy_budget is None and (eval_data or metric != "cosine" or strict):
-        raise OptionError("--metric, --eval and --strict go with --accuracy-budget; add it or drop them.")
+    if accuracy_budget is None and (
+        eval_data or metric != "cosine" or strict or input_shape or search_samples
+    ):
+        raise OptionError(
+            "--metric, --eval, --strict, --input-shape and --search-samples go with --accuracy-budget; add it "
+            "or drop them."
+        )
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
     tdef = _target_defaults(target or cfg_file.get("target"))
@@ -388,7 +408,9 @@ def quantize(
     reader = reader_from_source(calib, proto, preprocess=preprocess, limit=limit) if calib else None
     if accuracy_budget is not None:
         run_budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
-                          search_layers, measure_layers, strict, _summary)  # fmt: skip
+                          search_layers, measure_layers, strict, _summary,
+                          input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
+                          min_npu_share=min_npu_share)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()

@@ -71,7 +71,9 @@ class CodeOps:
 
     def _reshape(self, op: Op, args: list[Any], ost: Storage, oinfo: TensorInfo) -> str:
         shape = self.b.const(op.attrs["shape"], np.int64, "shape")
-        return self.b.op("Reshape", [args[0].name, shape], allowzero=int(op.attrs.get("allowzero", 0)))
+        # allowzero exists from opset 14: written only when set, so opset-13 models stay valid
+        extra = {"allowzero": 1} if op.attrs.get("allowzero") else {}
+        return self.b.op("Reshape", [args[0].name, shape], **extra)
 
     def _flatten(self, op: Op, args: list[Any], ost: Storage, oinfo: TensorInfo) -> str:
         return self.b.op("Flatten", [args[0].name], axis=op.attrs["axis"])

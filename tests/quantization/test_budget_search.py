@@ -131,8 +131,12 @@ def test_bad_search_input_is_one_clear_error(digits: Path, tmp_path: Path) -> No
         )
     with pytest.raises(OptionError, match="needs at least 4"):
         quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(3), _config(), budget=1)
+    with pytest.raises(OptionError, match="--min-npu-share 90"):
+        quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(8), _config(), budget=1, min_npu_share=90)
     proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--calib", "c.npz", "--metric", "top1")
     assert proc.returncode == 2 and "go with --accuracy-budget" in proc.stderr
+    proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--input-shape", "input:1,1,8,8")
+    assert proc.returncode == 2 and "--input-shape and --search-samples go with" in proc.stderr
 
 
 def test_targets_offer_int16_where_their_file_says_so() -> None:
@@ -175,3 +179,39 @@ def test_a_mixed_precision_choice_compiles_for_the_target_and_runs_bit_exact(
         # step is finer than the int8 rounding before the Gemm, so the bound is the larger of one step
         # and 0.2% of the logits' spread
         assert np.abs(a - b).max() <= max(step * 1.001, 0.002 * np.ptp(b)) and a.argmax() == b.argmax()
+
+
+def test_a_budget_choice_for_pp_ocr_compiles_with_fixed_shapes_and_the_npu_agrees(
+    tmp_path: Path, caplog
+) -> None:
+    """PP-OCRv4 rec on zhouyi-x2 (int16 offered): with the rec width fixed to 320 the searched candidates
+    (3 layers int16) keep >= 90% of MACs on the NPU by the partitioner, the search's choice keeps them
+    once compiled, and the simulated NPU decodes the fake-quant model's text to within one character in
+    twenty. A budget of 0 on cosine is never met, so every step runs."""
+    from zonnx.backend.compile_api import compile_model
+    from zonnx.build_npu import target_quantize_kwargs
+    from zonnx.metrics.evaluate import evaluate
+    from zonnx.zoo.text_images import rec_samples
+
+    shape = (1, 3, 48, 320)
+    feeds = [f for _, f in rec_samples(24, seed=5) if f["x"].shape == shape]
+    assert len(feeds) >= 10
+    src, out = zoo.get("ppocr_rec"), tmp_path / "rec.onnx"
+    cfg = build_config(**target_quantize_kwargs("zhouyi-x2"))
+    _, result, _ = quantize_with_budget(
+        src, out, feeds[:4], cfg, budget=0.0, metric="cosine", eval_feeds=feeds[4:6], max_layers=3,
+        input_shapes={"x": list(shape)}, search_samples=1, min_npu_share=0.9,
+    )  # fmt: skip
+    assert result.precision == "int16" and not result.met
+    raised = [c for c in result.candidates if c.raised == 3]
+    assert raised and all(set(c.overrides.values()) == {"int16"} for c in raised)
+    assert min(c.npu_mac_share for c in [result.baseline, *raised]) >= 0.9
+    compiled = compile_model(out, "zhouyi-x2", input_shapes={"x": list(shape)})
+    assert compiled.partition.mac_share >= 0.9
+    compiled_path = compiled.save(tmp_path / "rec_npu.onnx")
+    # the NPU's text against the fake-quant model's: zhouyi-x2 requantizes half-up, ORT half-even, so a
+    # character whose score sits next to the blank's (a space, in practice) may flip
+    with caplog.at_level(logging.WARNING):
+        assert evaluate(out, compiled_path, feeds[6:10], "char-accuracy") >= 0.95
+    # the NPU programs run in ORT, not the slow reference executor (an opset-13 Reshape takes no allowzero)
+    assert "cannot load the model" not in caplog.text

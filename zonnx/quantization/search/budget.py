@@ -13,7 +13,14 @@ metric of the float model against itself, e.g. 1.0 for cosine, top1 and char-acc
 3. Binary search over k, raising the first k layers of that order: k = all first (if even that
    misses, nothing in this order meets the budget), then halving, so about log2(max_layers) + 1
    evaluations find the smallest k that meets the threshold (assuming more raised layers never hurt).
-4. Every candidate goes into the table; when none meets the budget the best one is kept (and said).
+4. Confirmation: when candidates were scored on a subset of the evaluation samples
+   (``search_samples``), the choice is scored again on all of them; while it misses the threshold
+   there, more layers are raised (k grows by half, up to the whole order), each scored on all samples.
+5. NPU share: with ``min_npu_share``, a choice whose share of MACs on the NPU (the partitioner's,
+   after the inputs' dims are fixed) is below it does not meet the budget: float layers run on the
+   CPU and split the graph. The search says so; raise int16 layers on a target that has int16.
+6. Every candidate goes into the table; when none meets the budget the best one is kept (and said),
+   among those that keep ``min_npu_share`` when any does.
 
 The chosen overrides are written as a config file (the format ``--config`` reads), so the user can
 edit and re-run without searching.
@@ -56,6 +63,8 @@ class BudgetResult:
     met: bool
     precision: str
     eval_samples: int
+    confirmed: Candidate | None = None
+    min_npu_share: float = 0.0
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate, baseline first: score, layers not int8, NPU MAC share, seconds."""
@@ -63,7 +72,7 @@ class BudgetResult:
         for i, cand in enumerate([self.baseline, *self.candidates]):
             rows.append(
                 {
-                    "candidate": "baseline" if i == 0 else f"#{i}",
+                    "candidate": "baseline" if i == 0 else f"#{i}{' (all samples)' if cand.full else ''}",
                     "score": cand.score,
                     "not_int8": cand.raised,
                     "npu_mac_share": cand.npu_mac_share,
@@ -96,8 +105,9 @@ def search_budget(
     executor: Executor | None = None,
     progress: Callable[[str, Candidate | None], None] | None = None,
     calib_digest: str = "",
+    min_npu_share: float = 0.0,
 ) -> BudgetResult:
-    """Run steps 1-4 of the module docstring on a scorer built for the baseline configuration."""
+    """Run steps 1-6 of the module docstring on a scorer built for the baseline configuration."""
     if not (math.isfinite(budget) and budget >= 0):
         raise OptionError(f"--accuracy-budget {budget}: give points of the metric, a number >= 0 (e.g. 0.5).")
     float_score = scorer.float_score
@@ -108,7 +118,7 @@ def search_budget(
         )
     threshold = float_score - budget / 100.0
     precision = search_precision(scorer.base.extra.target)
-    baseline = scorer.score({})
+    baseline = scorer.score({}, full=scorer.subset)  # the baseline is judged on every sample
     if progress:
         progress("baseline", baseline)
     candidates: list[Candidate] = []
@@ -153,8 +163,30 @@ def search_budget(
                 else:
                     low = mid
             best = next(c for c in candidates if c.raised == high and c.score >= threshold)
+            if scorer.subset:
+                best = _confirm(scorer, order, high, precision, threshold, candidates, progress)
     met = best.score >= threshold
-    if not met:
+    share = best.npu_mac_share
+    if not met and share is not None and share < min_npu_share:
+        # nothing meets the budget: keep the best candidate that still keeps the NPU share, if any
+        kept = [c for c in [baseline, *candidates] if (c.npu_mac_share or 0.0) >= min_npu_share]
+        if kept:
+            best = max(kept, key=lambda c: c.score)
+            share = best.npu_mac_share
+    if met and share is not None and share < min_npu_share:
+        met = False
+        logger.warning(
+            "accuracy budget met with %d layer(s) raised to %s, but only %.1f%% of MACs stay on the NPU "
+            "(at least %.0f%% asked): %s",
+            best.raised,
+            precision,
+            100 * share,
+            100 * min_npu_share,
+            "float layers run on the CPU and split the graph; try another calibration method or a larger budget"
+            if precision == "float"
+            else "int16 layers the NPU cannot run fall back to the CPU",
+        )
+    elif not met:
         logger.warning(
             "accuracy budget not met: best %s %.5f (%d layers raised to %s) against the threshold %.5f (float "
             "%.5f - %.3g points); kept the best candidate. Try more layers (--search-layers), another "
@@ -177,8 +209,30 @@ def search_budget(
         best,
         met,
         precision,
-        len(scorer.feeds),
+        len(scorer.full.feeds),
+        best if best.full else None,
+        min_npu_share,
     )
+
+
+def _confirm(
+    scorer: CandidateScorer,
+    order: Sequence[str],
+    k: int,
+    precision: str,
+    threshold: float,
+    candidates: list[Candidate],
+    progress: Callable[[str, Candidate | None], None] | None,
+) -> Candidate:
+    """Score the first ``k`` layers raised on every evaluation sample; grow k by half until it meets."""
+    while True:
+        cand = scorer.score({n: precision for n in order[:k]}, full=True)
+        candidates.append(cand)
+        if progress:
+            progress(f"top {k} raised, all {len(scorer.full.feeds)} samples", cand)
+        if cand.score >= threshold or k >= len(order):
+            return cand
+        k = min(len(order), k + max(1, k // 2))
 
 
 def _toml_value(value: Any) -> str:

@@ -13,7 +13,7 @@ __all__ = ["quantize_with_budget", "read_feeds"]
 import dataclasses
 import logging
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,17 @@ def quantize_with_budget(
     measure_layers: int = 0,
     executor: Executor | None = None,
     progress: Callable[[str, Candidate | None], None] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    search_samples: int | None = None,
+    min_npu_share: float = 0.0,
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
-    Returns the final ``QuantizeResult``, the ``BudgetResult`` (every candidate) and the config path.
+    ``input_shapes``: fixed input dims for the NPU share (as the model will be compiled);
+    ``search_samples``: score candidates on the first N evaluation samples and confirm the choice on
+    all of them; ``min_npu_share``: a choice with a smaller share of MACs on the target's NPU does not
+    meet the budget. Returns the final ``QuantizeResult``, the ``BudgetResult`` (every candidate) and
+    the config path.
     """
     from zonnx.quantization.api import quantize_static
 
@@ -70,6 +77,8 @@ def quantize_with_budget(
         raise OptionError("the accuracy search takes the float model as a path.")
     if max_layers < 1:
         raise OptionError(f"--search-layers {max_layers}: measure at least 1 layer.")
+    if not 0.0 <= min_npu_share <= 1.0:
+        raise OptionError(f"--min-npu-share {min_npu_share}: give a share of MACs in [0, 1], e.g. 0.9.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
     if eval_feeds is None:
         calib, held = split_eval(feeds)
@@ -90,7 +99,10 @@ def quantize_with_budget(
             raise OptionError(
                 "the accuracy search needs the per-layer report; set ReportSamples to 1 or more."
             )
-        scorer = CandidateScorer(model_input, config, stats, held, metric)
+        scorer = CandidateScorer(
+            model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples,
+            calib_feeds=calib,
+        )  # fmt: skip
         result = search_budget(
             scorer,
             baseline.report,
@@ -103,6 +115,7 @@ def quantize_with_budget(
             executor=executor,
             progress=progress,
             calib_digest=feeds_digest(calib),
+            min_npu_share=min_npu_share,
         )
     final_cfg = dataclasses.replace(
         config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
@@ -111,7 +124,8 @@ def quantize_with_budget(
     note = (
         f"zonnx quantize --accuracy-budget: {metric} {result.chosen.score:.4f} against float "
         f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
-        f"on {result.eval_samples} evaluation samples;\n{result.chosen.raised} layer(s) raised to "
+        f"on {result.eval_samples if result.chosen.full else len(scorer.feeds)} evaluation samples;\n"
+        f"{result.chosen.raised} layer(s) raised to "
         f"{result.precision}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
     )
     write_config(config_path, config, result.chosen.overrides, note)

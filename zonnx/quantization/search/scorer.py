@@ -5,8 +5,14 @@ A candidate is a mapping node name -> precision: ``"int16"`` (16-bit activations
 statistics saved by the baseline run, so no candidate calibrates again, and the per-layer report is
 off. The float model's outputs on the evaluation samples are computed once.
 
+Search samples: with ``search_samples`` N, candidates are scored on the first N evaluation samples
+(cheaper); ``score(..., full=True)`` scores on all of them, for the final confirmation.
+
 NPU share: for a target, the quantized candidate goes through the backend's capability check and
 partitioner (no compilation), and the share of MACs in NPU subgraphs is recorded beside the metric.
+With ``input_shapes`` the inputs' dims are fixed first and the shape arithmetic folded, as
+``compile_model(input_shapes=)`` does: a model with a dynamic dim (PP-OCR rec's width) otherwise
+keeps most of its layers off the NPU, so the share would not be the one the compiled model gets.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Candidate:
     score: float
     npu_mac_share: float | None = None
     seconds: float = 0.0
+    full: bool = False  # scored on every evaluation sample (not only the search samples)
 
     @property
     def raised(self) -> int:
@@ -60,16 +67,20 @@ def node_overrides(overrides: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def npu_mac_share(model: Any, target: str) -> float:
-    """Share of MACs the backend's partitioner would put on ``target`` (capability + partition only)."""
+def npu_mac_share(model: Any, target: str, input_shapes: Mapping[str, Sequence[int]] | None = None) -> float:
+    """Share of MACs the backend's partitioner would put on ``target`` (capability + partition only),
+    with the inputs' dims fixed to ``input_shapes`` when given."""
     import onnx_ir as ir
 
+    from zonnx.backend.compile_api import fix_input_shapes
     from zonnx.backend.partition.capability import propose
     from zonnx.backend.partition.partitioner import partition
     from zonnx.backend.targets import load_target
 
+    if input_shapes:
+        model = fix_input_shapes(model, input_shapes)
     ir_model = ir.serde.deserialize_model(model)
-    capability = propose(ir_model, load_target(target))
+    capability = propose(ir_model, load_target(target), input_shapes=input_shapes)
     return partition(ir_model, capability).mac_share
 
 
@@ -83,20 +94,34 @@ class CandidateScorer:
         stats_path: str | Path,
         feeds: Sequence[Mapping[str, np.ndarray]],
         metric: str,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        search_samples: int | None = None,
+        calib_feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
     ) -> None:
         if not feeds:
             raise OptionError("the accuracy search needs at least one evaluation sample.")
         self.float_model = str(float_model)
         self.metric_spec = metric
+        self.input_shapes = dict(input_shapes) if input_shapes else None
+        # algorithms that run the model on samples (bias correction) need them again per candidate
+        self.calib_feeds = [dict(f) for f in calib_feeds] if calib_feeds else None
         self.base = dataclasses.replace(
             base,
             extra=dataclasses.replace(
                 base.extra, load_stats=str(stats_path), save_stats=None, report_samples=0, report_path=None
             ),
         )
-        self.reference = FloatReference(self.float_model, feeds, metric, self.float_model)
+        if search_samples is not None and search_samples < 1:
+            raise OptionError(f"search_samples={search_samples}: score candidates on at least 1 sample.")
+        self.full = FloatReference(self.float_model, feeds, metric, self.float_model)
+        self.reference = self.full
+        if search_samples is not None and search_samples < len(self.full.feeds):
+            self.reference = FloatReference(
+                self.float_model, self.full.feeds[:search_samples], metric, self.float_model
+            )
         self.feeds = self.reference.feeds
         self.float_score = self.reference.score_outputs(self.reference.outputs)
+        self.full_float_score = self.full.score_outputs(self.full.outputs)
 
     def quantize(self, overrides: Mapping[str, str]) -> Any:
         """The quantized ModelProto of a candidate (nothing written)."""
@@ -105,13 +130,24 @@ class CandidateScorer:
         cfg = dataclasses.replace(
             self.base, node_overrides={**self.base.node_overrides, **node_overrides(overrides)}
         )
-        return quantize_static(self.float_model, None, None, config=cfg).model
+        from zonnx.quantization.calibration.readers import ListReader
 
-    def score(self, overrides: Mapping[str, str]) -> Candidate:
-        """Quantize, run and score one candidate; the NPU share when the base config has a target."""
+        reader = (
+            ListReader(self.calib_feeds) if self.calib_feeds and self.base.extra.bias_correction else None
+        )
+        return quantize_static(self.float_model, None, reader, config=cfg).model
+
+    @property
+    def subset(self) -> bool:
+        """True when candidates are scored on fewer samples than the full evaluation set."""
+        return self.reference is not self.full
+
+    def score(self, overrides: Mapping[str, str], *, full: bool = False) -> Candidate:
+        """Quantize, run and score one candidate (on every evaluation sample with ``full``, else on the
+        search samples); the NPU share when the base config has a target."""
         start = time.perf_counter()
         model = self.quantize(overrides)
-        score = self.reference.score(model)
+        score = (self.full if full else self.reference).score(model)
         target = self.base.extra.target
-        share = npu_mac_share(model, target) if target else None
-        return Candidate(dict(overrides), score, share, time.perf_counter() - start)
+        share = npu_mac_share(model, target, self.input_shapes) if target else None
+        return Candidate(dict(overrides), score, share, time.perf_counter() - start, full)

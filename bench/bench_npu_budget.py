@@ -1,0 +1,219 @@
+"""PP-OCRv4 rec within a 0.5-point char-accuracy budget on each NPU target, checked on the simulated NPU.
+
+Lines: rendered text lines (``rec_samples``, seed 11) whose rec input is [1, 3, 48, 320] (rapidocr's
+width for lines up to 6.7:1), so one compiled model with fixed input shapes serves every line. Three
+disjoint splits: calibration, search evaluation (the ``eval_feeds`` of the search) and test.
+
+Per target:
+1. Plain: ``quantize_static(**target_quantize_kwargs(T))`` (the ``zonnx quantize --target`` recipe).
+2. Budgeted: ``quantize_with_budget`` with the same recipe, ``char-accuracy`` (agreement with float's
+   decoded text), budget 0.5 points, the input shapes fixed (NPU share as compiled), candidates scored
+   on ``search`` lines and the choice confirmed on every search-evaluation line, at least 90% of MACs
+   on the NPU. Its wall time is the search time.
+3. Each model is compiled with ``compile_model(input_shapes=)`` and run by ``zonnx.InferenceSession``
+   with ZonnxNPUExecutionProvider on the test lines; fake-quant runs in ORT (basic optimizations).
+Char accuracy against the rendered text, strict and with spaces removed. The peer is the float model on
+the same test lines; the target is within 0.5 points of it (ratio >= (float - 0.005) / float).
+Quick: one target, a few lines.
+
+Run alone: ``python -m bench.runner npu_budget``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["bench_npu_budget", "TARGETS", "REC_SHAPE", "fixed_width_lines", "npu_session"]
+
+import dataclasses
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+import zonnx
+from bench.runner import HIGHER, LOWER, BenchContext, Measurement
+from zonnx import zoo
+from zonnx.backend.compile_api import compile_model
+from zonnx.build_npu import target_quantize_kwargs
+from zonnx.quantization.api import build_config
+from zonnx.quantization.calibration.readers import ListReader
+from zonnx.quantization.search.run import quantize_with_budget
+from zonnx.zoo.text_images import char_accuracy, ctc_greedy_decode, rec_samples
+
+logger = logging.getLogger(__name__)
+
+TARGETS = ("zhouyi-x2", "bm1684x", "dpu-b4096")
+REC_SHAPE = (1, 3, 48, 320)
+BUDGET = 0.5
+MIN_NPU_SHARE = 0.9
+SEED = 11
+
+
+def fixed_width_lines(n: int, seed: int = SEED) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The first ``n`` rendered lines (text, feed) whose rec input is exactly ``REC_SHAPE``."""
+    out: list[tuple[str, dict[str, np.ndarray]]] = []
+    drawn = 2 * n + 16
+    while len(out) < n:
+        out = [s for s in rec_samples(drawn, seed=seed) if s[1]["x"].shape == REC_SHAPE][:n]
+        drawn *= 2
+    return out
+
+
+def npu_session(model: Path, target: str, cache_dir: Path) -> Any:
+    """A zonnx.InferenceSession on the NPU provider for ``target`` with the rec input shape fixed."""
+    shapes = "x:" + ",".join(str(d) for d in REC_SHAPE)
+    return zonnx.InferenceSession(
+        str(model),
+        providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
+        provider_options=[{"target": target, "cache_dir": str(cache_dir), "input_shapes": shapes}, {}],
+    )
+
+
+def _ort(model: Path) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+
+
+def _accuracy(sess: Any, lines: list) -> tuple[float, float]:
+    """(strict, spaces removed) char accuracy of ``sess`` on (text, feed) lines."""
+    preds = [p for _, feed in lines for p in ctc_greedy_decode(sess.run(None, feed)[0])]
+    truth = [text for text, _ in lines]
+    stripped = char_accuracy([p.replace(" ", "") for p in preds], [t.replace(" ", "") for t in truth])
+    return char_accuracy(preds, truth), stripped
+
+
+@dataclasses.dataclass
+class _Deployed:
+    fake_quant: tuple[float, float]
+    npu: tuple[float, float]
+    share: float
+
+
+def _deploy(model: Path, target: str, test: list, work: Path) -> _Deployed:
+    """Fake-quant accuracy, compile with fixed shapes (MAC share as compiled), NPU accuracy."""
+    fq = _accuracy(_ort(model), test)
+    compiled = compile_model(model, target, input_shapes={"x": list(REC_SHAPE)})
+    npu = _accuracy(npu_session(model, target, work / "cache"), test)
+    return _Deployed(fq, npu, compiled.partition.mac_share)
+
+
+def bench_npu_budget(ctx: BenchContext) -> list[Measurement]:
+    """Per target: NPU char accuracy of the budgeted choice against float, its MAC share and search time."""
+    if ctx.quick:
+        targets, n_calib, n_eval, n_search, n_test = ("bm1684x",), 8, 6, 3, 6
+    else:
+        targets, n_calib, n_eval, n_search, n_test = TARGETS, 32, 32, 12, 60
+    ctx.describe(
+        ["ppocr_rec"],
+        {"calibration lines": n_calib, "search lines": n_eval, "test lines": n_test},
+        {"lines": SEED},
+        note=f"lines of input {list(REC_SHAPE)}; candidates scored on {n_search} of the search lines, the "
+        "choice confirmed on all of them",
+    )
+    src = Path(zoo.get("ppocr_rec"))
+    lines = fixed_width_lines(n_calib + n_eval + n_test)
+    calib = [feed for _, feed in lines[:n_calib]]
+    search_eval = [feed for _, feed in lines[n_calib : n_calib + n_eval]]
+    test = lines[n_calib + n_eval :]
+    float_acc = _accuracy(_ort(src), test)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="zonnx-npu-budget-") as tmp:
+        work = Path(tmp)
+        for target in targets:
+            try:
+                out += _one_target(target, src, calib, search_eval, test, float_acc, n_search, work)
+            except Exception as e:  # one target's failure is a row of its own; the others still run
+                logger.warning("npu_budget %s failed: %s", target, e)
+                out.append(
+                    Measurement(
+                        f"PP-OCRv4 rec {target} --accuracy-budget {BUDGET}: char accuracy on the NPU",
+                        float("nan"),
+                        "acc",
+                        HIGHER,
+                        note=f"failed: {type(e).__name__}: {e}",
+                    )
+                )
+    return out
+
+
+def _one_target(
+    target: str,
+    src: Path,
+    calib: list,
+    search_eval: list,
+    test: list,
+    float_acc: tuple[float, float],
+    n_search: int,
+    work: Path,
+) -> list[Measurement]:
+    """Plain recipe, budgeted search, both deployed on the simulated NPU: three measurements."""
+    kwargs = target_quantize_kwargs(target)
+    plain_path = work / f"{target}.plain.onnx"
+    zonnx.quantize_static(src, plain_path, ListReader(calib), **kwargs)
+    plain = _deploy(plain_path, target, test, work)
+    start = time.perf_counter()
+    budget_path = work / f"{target}.budget.onnx"
+    _, result, _ = quantize_with_budget(
+        src,
+        budget_path,
+        ListReader(calib),
+        build_config(**kwargs),
+        budget=BUDGET,
+        metric="char-accuracy",
+        eval_feeds=search_eval,
+        input_shapes={"x": list(REC_SHAPE)},
+        search_samples=n_search,
+        min_npu_share=MIN_NPU_SHARE,
+    )
+    seconds = time.perf_counter() - start
+    chosen = _deploy(budget_path, target, test, work)
+    raised = result.chosen.raised
+    verdict = "met" if result.met else "NOT met"
+    lines = result.eval_samples if result.chosen.full else n_search
+    note = (
+        f"search {verdict}: {result.metric} {result.chosen.score:.4f} against float's text on {lines} lines, "
+        f"{len(result.candidates) + 1} candidates"
+    )
+    rows = [
+        ("plain --target, fake-quant", plain.fake_quant, None),
+        ("plain --target, on the NPU", plain.npu, None),
+        ("budgeted choice, fake-quant", chosen.fake_quant, None),
+        ("budgeted choice, on the NPU", chosen.npu, (float_acc[0] - BUDGET / 100) / float_acc[0]),
+    ]
+    out = [
+        Measurement(
+            f"PP-OCRv4 rec {target} {what}: char accuracy (spaces removed {acc[1]:.4f}, float {float_acc[1]:.4f})",
+            acc[0],
+            "acc",
+            HIGHER,
+            peer="float",
+            peer_value=float_acc[0],
+            target=goal,
+            note=note,
+        )
+        for what, acc, goal in rows
+    ]
+    out += [
+        Measurement(
+            f"PP-OCRv4 rec {target} share of MACs on the NPU (compiled): budgeted choice with {raised} layer(s) "
+            f"{result.precision} (plain --target {plain.share:.3f}); budget {verdict}",
+            chosen.share,
+            "share",
+            HIGHER,
+            target=MIN_NPU_SHARE,
+        ),
+        Measurement(
+            f"PP-OCRv4 rec {target}: budgeted search wall time ({len(result.candidates) + 1} candidates)",
+            seconds,
+            "s",
+            LOWER,
+            target=600.0,
+            note="quantize, search and final model",
+        ),
+    ]
+    logger.info("%s: %s", target, note)
+    return out
