@@ -11,6 +11,7 @@ import pytest
 from tests.deploy.conftest import build, write_config
 from zonnx.backend.targets import load_target
 from zonnx.deploy import EXAMPLE, config_from_dict, load_build_config
+from zonnx.deploy.cache import compiled_digest
 from zonnx.errors import OptionError
 
 ALL = ["source", "optimize", "quantize", "compile", "evaluate", "report"]
@@ -55,6 +56,30 @@ def test_cache_skips_unchanged_stages_and_a_target_edit_only_recompiles(tmp_path
     assert build(path, only="evaluate").executed == ["evaluate"]
     report = json.loads((out / "report.json").read_text())
     assert report["stages"]["compile"]["target"] == "bm1684x" and report["error"] is None
+
+
+def test_a_compile_edit_that_changes_no_program_recompiles_but_does_not_re_evaluate(tmp_path: Path) -> None:
+    path = write_config(tmp_path, samples=50)
+    first = build(path)
+    out = tmp_path / "out"
+    before = (out / "model_npu.onnx").read_bytes()
+    # min_nodes 1 instead of 2: the digits CNN is one 37-node subgraph either way
+    path.write_text(path.read_text().replace("[compile]", "[compile]\nmin_nodes = 1"))
+    edited = build(path)
+    assert edited.executed == ["compile", "report"] and "evaluate" in edited.skipped
+    after = (out / "model_npu.onnx").read_bytes()
+    assert after != before  # the partition report in the metadata records min_nodes 1 ...
+    assert compiled_digest(out / "model_npu.onnx") == first_digest(before, tmp_path)  # ... nothing else
+    assert edited.results["evaluate"] == first.results["evaluate"]
+    # a real change of the compiled model still re-runs the evaluation
+    path.write_text(path.read_text().replace('target = "dpu-b4096"', 'target = "zhouyi-x2"'))
+    assert build(path).executed == ["quantize", "compile", "evaluate", "report"]
+
+
+def first_digest(data: bytes, folder: Path) -> str:
+    copy = folder / "before_npu.onnx"
+    copy.write_bytes(data)
+    return compiled_digest(copy)
 
 
 def test_a_failing_stage_keeps_earlier_artifacts_and_writes_the_report(tmp_path: Path) -> None:

@@ -5,11 +5,17 @@ bytes (a folder: every file's relative path and bytes, in sorted order; a name t
 a zoo model or a dataset keyword, by itself). Each run records ``{key, result, artifacts}`` per stage in
 ``OUT/.zonnx-build/STAGE.json``; a stage is fresh when its recorded key equals the new one and every
 artifact it recorded still exists with the recorded hash.
+
+A compiled model enters the evaluate stage's key through ``compiled_digest``: its bytes without the
+metadata that records how it was made (the partition report with ``min_nodes``/``min_macs`` and the CPU
+nodes' reasons, source paths, cache key). Those never change what the model computes (the placement of
+every node is in the graph itself), so a compile edit that yields the same graph and programs does not
+re-run the evaluation.
 """
 
 from __future__ import annotations
 
-__all__ = ["file_digest", "stage_key", "StageCache"]
+__all__ = ["PROVENANCE_KEYS", "file_digest", "compiled_digest", "stage_key", "StageCache"]
 
 import hashlib
 import json
@@ -41,6 +47,29 @@ def file_digest(path: str | Path) -> str:
             h.update(str(child.relative_to(p)).encode() + b"\0" + file_digest(child).encode())
     else:
         h.update(b"name:" + str(path).encode())
+    return h.hexdigest()
+
+
+#: Metadata keys of a compiled model that record its provenance, not its computation.
+PROVENANCE_KEYS = ("zonnx.partition", "zonnx.source", "zonnx.float_source", "zonnx.cache_key")
+
+
+def compiled_digest(path: str | Path) -> str:
+    """SHA-256 of a compiled model without its provenance metadata (``PROVENANCE_KEYS``); a path that is
+    not a file hashes as ``file_digest`` does."""
+    import onnx
+
+    p = Path(path)
+    if not p.is_file():
+        return file_digest(p)
+    model = onnx.load(p, load_external_data=False)
+    kept = [e for e in model.metadata_props if e.key not in PROVENANCE_KEYS]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    h = hashlib.sha256(model.SerializeToString(deterministic=True))
+    data = p.with_name(p.name + ".data")
+    if data.is_file():
+        h.update(file_digest(data).encode())
     return h.hexdigest()
 
 

@@ -325,8 +325,16 @@ def _quantize_inputs(ctx: StageContext) -> list[str | Path]:
 
 
 def _evaluate_inputs(ctx: StageContext) -> list[str | Path]:
-    models = [ctx.file(f) for f in ("model.onnx", "model_int8.onnx", "model_npu.onnx")]
+    """The float and int8 models and the data; the compiled model enters by ``_evaluate_key``."""
+    models = [ctx.file(f) for f in ("model.onnx", "model_int8.onnx")]
     return models + _data_input(ctx.dataset())
+
+
+def _evaluate_key(ctx: StageContext) -> str:
+    """The compiled model's content without provenance metadata (``compiled_digest``), dataset, source."""
+    from zonnx.deploy.cache import compiled_digest
+
+    return compiled_digest(ctx.file("model_npu.onnx")) + ctx.dataset() + ctx.source()
 
 
 STAGES: tuple[Stage, ...] = (
@@ -337,7 +345,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("compile", ("compile",), lambda c: [c.file("model_int8.onnx"), *_target_file(c)],
           ("model_npu.onnx", "partition.json", "profile.json"), run_compile),
     Stage("evaluate", ("evaluate",), _evaluate_inputs,
-          ("evaluate.json",), run_evaluate, extra_key=lambda c: c.dataset() + c.source()),
+          ("evaluate.json",), run_evaluate, extra_key=_evaluate_key),
 )  # fmt: skip
 
 
