@@ -70,3 +70,27 @@ def test_a_dataset_plugin_and_its_errors_name_the_file_and_line(tmp_path: Path) 
         eval_samples(f"{tmp_path}/data.py:wrong", "x", model, 3)
     with pytest.raises(OptionError, match="has no 'missing'"):
         eval_samples(f"{tmp_path}/data.py:missing", "x", model, 3)
+
+
+def test_text_lines_fit_a_model_with_a_static_width(tmp_path: Path) -> None:
+    """PP-OCR rec with its width fixed to 320: evaluation and calibration lines are resized to height 48
+    and zero-padded (or squeezed) to 320; with the dynamic width each line keeps its own width."""
+    import onnx
+
+    from zonnx.converters.from_onnx import set_input_dims
+
+    dynamic = str(zoo.get("ppocr_rec"))
+    fixed = tmp_path / "rec_320.onnx"
+    onnx.save(set_input_dims(onnx.load(dynamic), {"x": (1, 3, 48, 320)}), fixed)
+    own = eval_samples("text-lines", "ppocr_rec", dynamic, 24)
+    widths = [s["x"].shape[-1] for s in own]
+    assert min(widths) == 320 and max(widths) > 320  # some lines are longer than 320 at height 48
+    lines = eval_samples("text-lines", "ppocr_rec", str(fixed), 24)
+    assert {s["x"].shape for s in lines} == {(1, 3, 48, 320)}
+    calib = calibration_samples("", "text-lines", "ppocr_rec", str(fixed), 8)
+    assert {s["x"].shape for s in calib} == {(1, 3, 48, 320)}
+    for a, b in zip(own, lines, strict=True):
+        if a["x"].shape[-1] == 320:
+            np.testing.assert_array_equal(a["x"], b["x"])  # a short line: the same padded array
+        else:  # a long line, squeezed: ink reaches the right edge instead of zero padding
+            assert np.abs(b["x"][..., -4:]).max() > 0

@@ -100,6 +100,20 @@ def test_a_failing_stage_keeps_earlier_artifacts_and_writes_the_report(tmp_path:
     assert "stage evaluate failed" in (out / "report.html").read_text()
 
 
+def test_input_shape_as_a_table_fixes_the_source_model(tmp_path: Path) -> None:
+    import onnx
+
+    from zonnx import zoo
+
+    dims = lambda m: [d.dim_value or d.dim_param for d in m.graph.input[0].type.tensor_type.shape.dim]  # noqa: E731
+    assert isinstance(dims(onnx.load(zoo.get("digits_cnn")))[0], str)  # the zoo model's batch is dynamic
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace("[model]", "[model]\ninput_shape = {input = [1, 1, 8, 8]}"))
+    run = build(path, only="source")
+    assert run.executed == ["source"]
+    assert dims(onnx.load(tmp_path / "out" / "model.onnx")) == [1, 1, 8, 8]
+
+
 def test_bad_configs_say_what_to_fix(tmp_path: Path) -> None:
     with pytest.raises(OptionError, match=r"\[compile\] unknown key 'taget'. Did you mean 'target'\?"):
         config_from_dict({"model": {}, "compile": {"taget": "x"}}, tmp_path)
@@ -116,6 +130,12 @@ def test_bad_configs_say_what_to_fix(tmp_path: Path) -> None:
         build(path)
     with pytest.raises(OptionError, match=r"--from compil: no such stage. Did you mean 'compile'\?"):
         build(path, from_stage="compil")
+    path = write_config(tmp_path / "d")
+    path.write_text(path.read_text().replace("[model]", "[model]\ninput_shape = {input = [1, 0, 8, 8]}"))
+    with pytest.raises(
+        OptionError, match=r"\[model\] input_shape input = \[1, 0, 8, 8\]: give a list of positive"
+    ):
+        build(path)
     path = write_config(tmp_path / "c")
     path.write_text(path.read_text().replace("samples = 32", "samples = 32\nshards = 0"))
     with pytest.raises(OptionError, match=r"\[quantize\] shards = 0: give a whole number >= 1"):

@@ -50,7 +50,8 @@ out_dir = "out"                  # output folder (relative to this file)
 source = "digits_cnn"            # zoo name (digits_cnn, resnet18, ppocr_rec, ...), model.onnx, model.pt,
                                  # model.py:Class (torch), model.keras / SavedModel folder, model.tflite
 # input_shape = "input:1,1,8,8"  # fix dynamic dims while converting (NAME:d0,d1,...;NAME2:...); a torch
-                                 # model's example input shape
+                                 # model's example input shape; or a table: {input = [1, 1, 8, 8]}
+                                 # (text-lines samples are then resized/padded to the fixed width)
 # input_names = ["input"]        # names of a torch model's exported inputs / outputs
 # output_names = ["logits"]
 
@@ -66,7 +67,8 @@ samples = 64                     # calibration samples taken from the dataset wh
 # activation_type = "int8"
 # accuracy_budget = 1.0          # points of the evaluate metric: search mixed precision within it
 # measure_layers = 8             # with a budget: layers whose sensitivity is measured one by one
-                                 # (as parallel tasks on [evaluate] backend)
+                                 # (as parallel tasks on [evaluate] backend; on Ray the search's
+                                 # trials too, one per CPU each round)
 # shards = 4                     # calibration batches in 4 shards on [evaluate] backend (same numbers)
 # [quantize.extra_options]       # any quantize_static extra_options key
 # IncludeCLE = true

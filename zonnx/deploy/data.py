@@ -1,7 +1,8 @@
 """Evaluation and calibration data of a build, and the label metric; datasets are plugins as metrics are.
 
 Datasets (``[evaluate] dataset``): ``digits`` (the held-out digits test set with labels, key ``label``),
-``zoo`` (the zoo model's own realistic samples), ``text-lines`` (rendered text lines for PP-OCR rec), a
+``zoo`` (the zoo model's own realistic samples), ``text-lines`` (rendered text lines for PP-OCR rec,
+resized and zero-padded to the model's width when its input shape is static), a
 ``.npz``/``.npy`` file or folder, an images folder (preprocessed for the model's input as ``zonnx
 quantize --calib`` does), or a plugin ``FILE.py:NAME``: ``NAME(model_path: str, n: int)`` returns an
 iterable of samples, each a dict of arrays named as the model's inputs (other keys, e.g. labels, only
@@ -104,6 +105,15 @@ def _from_reader(source: str, model: onnx.ModelProto) -> list[Sample]:
     return [{k: np.asarray(v) for k, v in feed.items()} for feed in iter(reader.get_next, None)]
 
 
+def _fixed_width(model: onnx.ModelProto) -> int | None:
+    """The static last dim of a text-line model's first input (``[model] input_shape`` fixed it), else None:
+    text-line samples are then resized and zero-padded to that width (``rec_preprocess``)."""
+    init = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in init]
+    dims = inputs[0].type.tensor_type.shape.dim if inputs else []
+    return dims[-1].dim_value if dims and dims[-1].HasField("dim_value") and dims[-1].dim_value > 0 else None
+
+
 def eval_samples(dataset: str, source: str, model_path: str, n: int) -> list[Sample]:
     """``n`` evaluation samples (0: all the dataset has; zoo and text-lines default to 64)."""
     if dataset == "digits":
@@ -119,7 +129,9 @@ def eval_samples(dataset: str, source: str, model_path: str, n: int) -> list[Sam
     elif dataset == "text-lines":
         from zonnx.zoo.text_images import rec_inputs
 
-        samples = rec_inputs(n or 64, seed=7)
+        samples = rec_inputs(
+            n or 64, seed=7, width=_fixed_width(onnx.load(model_path, load_external_data=False))
+        )
     elif ".py:" in dataset:
         samples = _plugin(dataset, model_path, n)
     else:
@@ -161,12 +173,12 @@ def calibration_samples(calib: str, dataset: str, source: str, model_path: str, 
 
         x, _ = digits_data("calib")
         samples = [{"input": x[i : i + 1]} for i in range(min(n, len(x)))]
-    elif dataset == "zoo" or source in zoo.names():
-        samples = zoo.sample_inputs(source, n, seed=1)
     elif dataset == "text-lines":
         from zonnx.zoo.text_images import rec_inputs
 
-        samples = rec_inputs(n, seed=1)
+        samples = rec_inputs(n, seed=1, width=_fixed_width(model))
+    elif dataset == "zoo" or source in zoo.names():
+        samples = zoo.sample_inputs(source, n, seed=1)
     else:
         raise OptionError(
             f"{source}: no calibration data; set [quantize] calib (images folder, .npz/.npy, FILE.py:FUNC)."

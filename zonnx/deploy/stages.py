@@ -75,7 +75,16 @@ class Stage:
     extra_key: Callable[[StageContext], str] = lambda _ctx: ""
 
 
-def _input_shapes(text: str) -> dict[str, tuple[int, ...]]:
+def _input_shapes(value: str | dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """[model] input_shape: ``"NAME:d0,d1,...;NAME2:..."`` or a table ``{NAME = [d0, d1, ...]}``."""
+    if isinstance(value, dict):
+        bad = [k for k, v in value.items() if not isinstance(v, list) or not v
+               or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)]  # fmt: skip
+        if bad:
+            raise OptionError(f"[model] input_shape {bad[0]} = {value[bad[0]]!r}: give a list of positive whole "
+                              "numbers, e.g. {x = [1, 3, 48, 320]}.")  # fmt: skip
+        return {k: tuple(v) for k, v in value.items()}
+    text = value
     shapes = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, dims = part.rpartition(":")
@@ -107,7 +116,9 @@ def run_source(ctx: StageContext) -> dict[str, Any]:
     spec = str(zoo.get(src)) if src in zoo.names() else src
     m = ctx.config.sections["model"]
     options = ConvertOptions(
-        input_shapes=_input_shapes(str(m["input_shape"])),
+        input_shapes=_input_shapes(
+            m["input_shape"] if isinstance(m["input_shape"], dict) else str(m["input_shape"])
+        ),
         input_names=tuple(m["input_names"]),
         output_names=tuple(m["output_names"]),
     )
@@ -124,6 +135,10 @@ def run_optimize(ctx: StageContext) -> dict[str, Any]:
 
     src = ctx.config.get("model", "source")
     feeds = zoo.sample_inputs(src, 1)[0] if src in zoo.names() else None
+    if ctx.config.get("model", "input_shape") and ctx.dataset():  # the zoo's sample may not fit fixed dims
+        names = {i.name for i in load_proto(ctx.file("model.onnx")).graph.input}
+        sample = eval_samples(ctx.dataset(), ctx.source(), str(ctx.file("model.onnx")), 1)[0]
+        feeds = {k: v for k, v in sample.items() if k in names}
     verify = VerifyOptions(feeds=feeds) if ctx.config.get("optimize", "verify") else None
     opts = OptimizeOptions(target_opset=int(ctx.config.get("optimize", "opset")), verify=verify)
     result = optimize_with_report(load_proto(ctx.file("model.onnx")), opts)
@@ -168,7 +183,7 @@ def _already_quantized(path: Path) -> str:
 
 
 def _quantize_executor(ctx: StageContext, wanted: bool) -> Any:
-    """The [evaluate] backend's executor for calibration shards and sensitivity tasks (None: not needed)."""
+    """The [evaluate] backend's executor for calibration shards and the search's tasks (None: not needed)."""
     if not wanted:
         return None
     from zonnx.deploy.evaluate import make_executor
@@ -213,7 +228,9 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
     for key, value, least in (("shards", shards, 1), ("measure_layers", measure, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise OptionError(f"[quantize] {key} = {value!r}: give a whole number >= {least}.")
-    executor = _quantize_executor(ctx, shards > 1 or (q["accuracy_budget"] != "" and measure > 0))
+    executor = _quantize_executor(
+        ctx, shards > 1 or q["accuracy_budget"] != ""
+    )  # search: sensitivity, trials
     if shards > 1:
         cfg = dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, calib_shards=shards))
         record["calibration_shards"] = {"shards": shards, "backend": ctx.config.get("evaluate", "backend")}

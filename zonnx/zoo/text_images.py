@@ -192,28 +192,33 @@ def _resize_pad(img: Image.Image, height: int, width: int) -> np.ndarray:
     return out
 
 
-def rec_preprocess(img: Image.Image) -> np.ndarray:
+def rec_preprocess(img: Image.Image, width: int | None = None) -> np.ndarray:
     """One line image to the rec input [1, 3, 48, W] as rapidocr does for a batch of one.
 
     W = int(48 * max(320/48, w/h)): 320 for short lines, the line's own width at height 48 for long ones.
+    A fixed ``width`` (a model exported or built with a static input shape) is W for every line: a
+    shorter line is zero-padded on the right, a longer one squeezed to it (PaddleOCR's fixed-shape rule).
     """
+    if width is not None:
+        return _resize_pad(img, REC_HEIGHT, width)[None]
     ratio = max(REC_MIN_WIDTH / REC_HEIGHT, img.width / img.height)
     return _resize_pad(img, REC_HEIGHT, int(REC_HEIGHT * ratio))[None]
 
 
-def rec_samples(n: int, seed: int = 0) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """``n`` (text, feed) pairs: the rendered text and its rec feed ``{"x": 1x3x48xW}`` (W varies)."""
+def rec_samples(n: int, seed: int = 0, width: int | None = None) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """``n`` (text, feed) pairs: the rendered text and its rec feed ``{"x": 1x3x48xW}`` (W varies unless
+    ``width`` fixes it, see rec_preprocess)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
         text = random_text(rng)
-        out.append((text, {"x": rec_preprocess(render_line(text, rng))}))
+        out.append((text, {"x": rec_preprocess(render_line(text, rng), width)}))
     return out
 
 
-def rec_inputs(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+def rec_inputs(n: int, seed: int = 0, width: int | None = None) -> list[dict[str, np.ndarray]]:
     """``n`` rec feeds ``{"x": 1x3x48xW float32}`` of rendered text lines (see rec_samples)."""
-    return [feed for _, feed in rec_samples(n, seed)]
+    return [feed for _, feed in rec_samples(n, seed, width)]
 
 
 def det_samples(
