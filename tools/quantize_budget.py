@@ -36,9 +36,11 @@ def run_budget_search(
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     search_samples: int | None = None,
     min_npu_share: float = 0.0,
+    executor: Any = None,
 ) -> None:
     """Search, print every candidate and ``summary`` of the final model, write the model and its config
-    file; exit 1 under ``strict`` when the budget is not met."""
+    file; exit 1 under ``strict`` when the budget is not met. ``executor`` runs calibration shards and
+    sensitivity tasks (None: in process)."""
     from zonnx.quantization.search.run import quantize_with_budget, read_feeds
 
     if reader is None:
@@ -56,7 +58,7 @@ def run_budget_search(
     final, result, config_path = quantize_with_budget(
         str(model), output, reader, cfg, budget=budget, metric=metric, eval_feeds=eval_feeds,
         max_layers=search_layers, measure_layers=measure_layers, progress=progress,
-        input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share,
+        input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share, executor=executor,
     )  # fmt: skip
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "

@@ -23,6 +23,7 @@ from zonnx.quantization.sources import reader_from_source
 from zonnx.tools.console import console, err_console
 from zonnx.tools.options import parse_input_shapes, parse_name_list
 from zonnx.tools.quantize_budget import run_budget_search
+from zonnx.tools.quantize_ray import quantize_executor
 
 
 def _floats(value: str | None, what: str) -> tuple[float, ...] | None:
@@ -160,6 +161,7 @@ def _fast_finetune_options(extra_options: dict[str, Any], algorithm: str | None,
 
 
 def quantize(
+    ctx: typer.Context,
     model: Path = typer.Argument(..., help="Float .onnx model."),
     output: Path = typer.Argument(..., help="Quantized .onnx to write."),
     calib: str = typer.Option(
@@ -303,6 +305,22 @@ def quantize(
         "--requantize",
         help="A pre-quantized MODEL: dequantize it and calibrate from scratch (no grids kept).",
     ),
+    shards: int = typer.Option(
+        1,
+        "--shards",
+        min=1,
+        help="Cut the calibration batches into N shards, one task each (in this process, or in parallel on "
+        "Ray with --ray); the statistics and scales equal one process's, bit for bit.",
+    ),
+    ray: bool = typer.Option(
+        False,
+        "--ray",
+        help="Run the --shards tasks and the --accuracy-budget search's tasks (--measure-layers, and as many "
+        "trials per round as Ray has CPUs) on a local Ray or the cluster at --ray-address; needs the ray extra.",
+    ),
+    ray_address: str = typer.Option(
+        None, "--ray-address", help="host:port or ray://host:port of a Ray cluster (implies --ray)."
+    ),
 ) -> None:
     """Quantize MODEL with static calibration and write OUTPUT."""
     search_outputs = (
@@ -349,6 +367,7 @@ def quantize(
         ("CLESteps", cle_steps),
         ("ReplaceClip6Relu", replace_relu6),
         ("BiasCorrection", bias_correction),
+        ("CalibShards", shards if shards > 1 else None),
     ):
         if value is not None:
             extra_options[key] = value if isinstance(value, bool | int) else str(value)
@@ -406,11 +425,15 @@ def quantize(
         "layout": layout,
     }
     reader = reader_from_source(calib, proto, preprocess=preprocess, limit=limit) if calib else None
+    executor = quantize_executor(shards, ray, ray_address, budget=accuracy_budget,
+                                 skips_calibration=load_stats is not None or load_table is not None)  # fmt: skip
+    if executor is not None:
+        ctx.call_on_close(executor.close)
     if accuracy_budget is not None:
         run_budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
                           search_layers, measure_layers, strict, _summary,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
-                          min_npu_share=min_npu_share)  # fmt: skip
+                          min_npu_share=min_npu_share, executor=executor)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()
@@ -424,7 +447,8 @@ def quantize(
         disable=not err_console.is_terminal,
     ) as bar:
         task = bar.add_task("calibrating", total=total)
-        result = quantize_static(model, output, reader, config=cfg, progress=lambda _b: bar.advance(task))
+        result = quantize_static(model, output, reader, config=cfg, progress=lambda _b: bar.advance(task),
+                                 calibration_executor=executor)  # fmt: skip
     console.print(_summary(result, time.perf_counter() - start, output))
     if result.prequant is not None:
         from zonnx.quantization.prequant.render import render_retarget

@@ -116,6 +116,39 @@ def test_budget_search_sensitivity_on_ray_matches_in_process(ray_executor, tmp_p
     assert (remote.chosen.overrides, remote.chosen.score) == (local.chosen.overrides, local.chosen.score)
 
 
+def test_budget_search_trials_on_ray_match_two_probes_in_process(ray_executor, tmp_path: Path) -> None:
+    """On Ray (2 CPUs) each round scores 2 prefixes at once; in process with trials_per_round=2, the same."""
+    path, feeds = zoo.get("digits_cnn"), zoo.sample_inputs("digits_cnn", 32)
+    cfg = build_config(per_channel=True, extra_options={"QuantPlacement": "kernels"})
+    kw = dict(budget=0.002, metric="cosine", eval_feeds=zoo.sample_inputs("digits_cnn", 16, seed=5))
+    assert ray_executor.workers == 2
+    remote = quantize_with_budget(path, tmp_path / "ray.onnx", ListReader(feeds), cfg, executor=ray_executor,
+                                  **kw)[1]  # fmt: skip
+    local = quantize_with_budget(path, tmp_path / "local.onnx", ListReader(feeds), cfg, trials_per_round=2,
+                                 **kw)[1]  # fmt: skip
+    assert len(local.candidates) >= 3 and local.baseline.score < local.threshold
+    assert [(c.raised, c.score) for c in remote.candidates] == [(c.raised, c.score) for c in local.candidates]
+    assert remote.chosen.overrides == local.chosen.overrides
+
+
+def test_quantize_cli_shards_on_ray(ray_executor, tmp_path: Path) -> None:
+    """zonnx quantize --shards 2 --ray (the module's Ray, left running) writes the one-process model."""
+    from typer.testing import CliRunner
+
+    from zonnx.tools.main import app
+
+    x, _ = digits_data("calib")
+    np.savez(tmp_path / "calib.npz", input=x[:12])
+    src = str(zoo.get("digits_cnn"))
+    for name, extra in (("one.onnx", []), ("ray.onnx", ["--shards", "2", "--ray"])):
+        result = CliRunner().invoke(app, ["quantize", src, str(tmp_path / name), "--calib",
+                                          str(tmp_path / "calib.npz"), *extra])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    one, ray = (onnx.load(tmp_path / n) for n in ("one.onnx", "ray.onnx"))
+    assert one.graph.SerializeToString() == ray.graph.SerializeToString()
+    assert ray_executor.ray.is_initialized()
+
+
 def test_build_config_shards_calibration_on_ray(digits_build, ray_executor, tmp_path: Path) -> None:
     """[quantize] shards = 2 with the Ray backend writes the quantized model of the in-process build."""
     path, local = digits_build

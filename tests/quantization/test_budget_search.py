@@ -15,6 +15,7 @@ from zonnx import zoo
 from zonnx.errors import OptionError
 from zonnx.quantization.api import build_config
 from zonnx.quantization.search.budget import search_precision
+from zonnx.quantization.search.executor import LocalExecutor
 from zonnx.quantization.search.run import quantize_with_budget
 from zonnx.zoo.digits import digits_data
 
@@ -52,6 +53,36 @@ def test_the_search_raises_the_fewest_layers_that_meet_the_budget(digits: Path, 
         if node.name in raised:
             assert not any(i.endswith("_DequantizeLinear_Output") and "weight" in i for i in node.input)
     assert {r["candidate"] for r in result.table()} >= {"baseline", "#1"}
+
+
+class CountingExecutor(LocalExecutor):
+    """In process, counting the ``map`` calls (one per round of the search)."""
+
+    calls = 0
+
+    def map(self, fn, items):
+        self.calls += 1
+        return super().map(fn, items)
+
+
+def test_two_probes_per_round_find_the_same_choice_in_fewer_rounds(digits: Path, tmp_path: Path) -> None:
+    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100), max_layers=12)
+    one = quantize_with_budget(digits, tmp_path / "w1.onnx", _feeds(32), _config(), **kwargs)[1]
+    counted = CountingExecutor()
+    two = quantize_with_budget(digits, tmp_path / "w2.onnx", _feeds(32), _config(), executor=counted,
+                               trials_per_round=2, **kwargs)[1]  # fmt: skip
+    assert two.met and two.chosen.raised == one.chosen.raised >= 1
+    assert two.chosen.overrides == one.chosen.overrides and two.chosen.score == one.chosen.score
+    # the invariant: the prefix one shorter than the choice was scored and missed (or is the baseline)
+    shorter = [c for c in two.candidates if c.raised == two.chosen.raised - 1] or [two.baseline]
+    assert shorter[0].score < two.threshold
+    # one map call per round (the first: all layers raised); the binary search has one candidate per round
+    assert len(one.candidates) > 2 and counted.calls < len(one.candidates)
+    assert len(two.candidates) > counted.calls  # some round scored two probes
+    with pytest.raises(OptionError, match="trials_per_round 0"):
+        quantize_with_budget(
+            digits, tmp_path / "w0.onnx", _feeds(32), _config(), trials_per_round=0, **kwargs
+        )
 
 
 def test_the_written_config_reproduces_the_choice_without_searching(digits: Path, tmp_path: Path) -> None:

@@ -71,7 +71,11 @@ def run_batch(task: tuple[str, list[dict[str, np.ndarray]]]) -> list[list[np.nda
 CONNECT_TIMEOUT = 5.0
 
 
-def _check_answers(address: str) -> None:
+#: How a config build runs without Ray (the end of a Ray error line).
+IN_PROCESS = 'set [evaluate] backend = "local" to evaluate in process'
+
+
+def _check_answers(address: str, fallback: str = IN_PROCESS) -> None:
     """Refuse at once a ``host:port`` (or ``ray://host:port``) where nothing accepts a connection."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
@@ -81,7 +85,7 @@ def _check_answers(address: str) -> None:
     except OSError as e:
         raise OptionError(
             f"ray_address {address}: no Ray answers there ({e.strerror or e}); start the cluster, fix the "
-            'address, or set [evaluate] backend = "local" to evaluate in process.'
+            f"address, or {fallback}."
         ) from None
 
 
@@ -91,9 +95,11 @@ class RayExecutor:
     Implements ``zonnx.quantization.search.executor.Executor``: evaluation batches, calibration shards
     (``calibration_executor`` of ``quantize_static``) and the budget search's sensitivity tasks run on it.
     A Ray already initialized in this process is used as it is (and left running by ``close``).
+    ``fallback`` ends the error lines: how the caller runs without Ray. ``workers`` is the cluster's CPU
+    count (how many tasks run at once; the budget search scores that many probes per round).
     """
 
-    def __init__(self, address: str = "", num_cpus: int = 2) -> None:
+    def __init__(self, address: str = "", num_cpus: int = 2, fallback: str = IN_PROCESS) -> None:
         try:
             import ray
         except ImportError:
@@ -101,7 +107,7 @@ class RayExecutor:
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started and address:
-            _check_answers(address)
+            _check_answers(address, fallback)
         if self.started:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             try:
@@ -113,9 +119,12 @@ class RayExecutor:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 where = f"ray_address {address}" if address else "a local Ray"
                 raise OptionError(
-                    f"{where}: Ray did not start or answer ({' '.join(str(e).split())[:160]}); "
-                    'set [evaluate] backend = "local" to evaluate in process.'
+                    f"{where}: Ray did not start or answer ({' '.join(str(e).split())[:160]}); {fallback}."
                 ) from None
+
+    @property
+    def workers(self) -> int:
+        return max(1, int(self.ray.cluster_resources().get("CPU", 1)))
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         remote = self.ray.remote(fn)

@@ -13,6 +13,11 @@ metric of the float model against itself, e.g. 1.0 for cosine, top1 and char-acc
 3. Binary search over k, raising the first k layers of that order: k = all first (if even that
    misses, nothing in this order meets the budget), then halving, so about log2(max_layers) + 1
    evaluations find the smallest k that meets the threshold (assuming more raised layers never hurt).
+   With ``trials_per_round`` W > 1 (W workers, e.g. Ray's), each round scores W probes at once,
+   ``low + (high - low) * i // (W + 1)`` for i = 1..W, on the executor: the interval shrinks W + 1
+   times per round (log_{W+1} rounds, more evaluations); W = 1 is exactly the binary search. The
+   invariant either way: prefix ``low`` misses, prefix ``high`` meets; a round keeps the smallest probe
+   that meets as ``high`` and the largest probe below it that misses as ``low``.
 4. Confirmation: when candidates were scored on a subset of the evaluation samples
    (``search_samples``), the choice is scored again on all of them; while it misses the threshold
    there, more layers are raised (k grows by half, up to the whole order), each scored on all samples.
@@ -42,7 +47,7 @@ import numpy as np
 
 from zonnx.errors import OptionError
 from zonnx.quantization.config import QuantConfig
-from zonnx.quantization.search.executor import Executor
+from zonnx.quantization.search.executor import Executor, LocalExecutor
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import layer_sensitivity, rank_layers
 
@@ -106,10 +111,14 @@ def search_budget(
     progress: Callable[[str, Candidate | None], None] | None = None,
     calib_digest: str = "",
     min_npu_share: float = 0.0,
+    trials_per_round: int = 1,
 ) -> BudgetResult:
-    """Run steps 1-6 of the module docstring on a scorer built for the baseline configuration."""
+    """Run steps 1-6 of the module docstring on a scorer built for the baseline configuration;
+    ``executor`` runs the sensitivity tasks, and the step-3 probes when ``trials_per_round`` > 1."""
     if not (math.isfinite(budget) and budget >= 0):
         raise OptionError(f"--accuracy-budget {budget}: give points of the metric, a number >= 0 (e.g. 0.5).")
+    if trials_per_round < 1:
+        raise OptionError(f"trials_per_round {trials_per_round}: give at least 1 probe per round.")
     float_score = scorer.float_score
     if not math.isfinite(float_score):
         raise OptionError(
@@ -143,25 +152,29 @@ def search_budget(
             measured.sort(key=lambda n: -sensitivity[n].score)
             order = measured + order[measure_layers:]
 
-        def trial(k: int) -> Candidate:
-            cand = scorer.score({n: precision for n in order[:k]})
-            candidates.append(cand)
-            if progress:
-                progress(f"top {k} raised", cand)
-            return cand
+        runner = executor if (executor is not None and trials_per_round > 1) else LocalExecutor()
+
+        def trials(ks: list[int]) -> list[Candidate]:
+            found = list(
+                runner.map(lambda o: scorer.score(o), [{n: precision for n in order[:k]} for k in ks])
+            )
+            for k, cand in zip(ks, found, strict=True):
+                candidates.append(cand)
+                if progress:
+                    progress(f"top {k} raised", cand)
+            return found
 
         # The most layers first: if raising all of them misses the budget, no prefix meets it.
         low, high = 0, len(order)
-        top = trial(high) if order else baseline
+        top = trials([high])[0] if order else baseline
         best = top if top.score > baseline.score else baseline
         if top.score >= threshold:
             while high - low > 1:  # invariant: prefix `low` misses, prefix `high` meets
-                mid = (low + high) // 2
-                cand = trial(mid)
-                if cand.score >= threshold:
-                    high, best = mid, cand
-                else:
-                    low = mid
+                probes = sorted({low + (high - low) * i // (trials_per_round + 1)
+                                 for i in range(1, trials_per_round + 1)} - {low, high})  # fmt: skip
+                scored = dict(zip(probes, trials(probes), strict=True))
+                high = min([k for k, c in scored.items() if c.score >= threshold], default=high)
+                low = max([k for k, c in scored.items() if c.score < threshold and k < high], default=low)
             best = next(c for c in candidates if c.raised == high and c.score >= threshold)
             if scorer.subset:
                 best = _confirm(scorer, order, high, precision, threshold, candidates, progress)

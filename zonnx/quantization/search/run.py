@@ -62,14 +62,16 @@ def quantize_with_budget(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     search_samples: int | None = None,
     min_npu_share: float = 0.0,
+    trials_per_round: int | None = None,
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
     ``input_shapes``: fixed input dims for the NPU share (as the model will be compiled);
     ``search_samples``: score candidates on the first N evaluation samples and confirm the choice on
     all of them; ``min_npu_share``: a choice with a smaller share of MACs on the target's NPU does not
-    meet the budget. Returns the final ``QuantizeResult``, the ``BudgetResult`` (every candidate) and
-    the config path.
+    meet the budget; ``trials_per_round``: probes the search scores at once on ``executor`` (None: the
+    executor's ``workers``, 1 in process, which is the plain binary search). Returns the final
+    ``QuantizeResult``, the ``BudgetResult`` (every candidate) and the config path.
     """
     from zonnx.quantization.api import quantize_static
 
@@ -91,10 +93,13 @@ def quantize_with_budget(
         calib, held = feeds, [dict(f) for f in eval_feeds]
     out = Path(model_output)
     config_path = out.with_name(out.name + ".search.toml")
+    shard_on = executor if config.extra.calib_shards > 1 else None  # calibration shards go there too
     with tempfile.TemporaryDirectory(prefix="zonnx-search-") as work:
         stats = Path(work) / "stats.npz"
         base = dataclasses.replace(config, extra=dataclasses.replace(config.extra, save_stats=str(stats)))
-        baseline = quantize_static(model_input, None, ListReader(calib), config=base)
+        baseline = quantize_static(
+            model_input, None, ListReader(calib), config=base, calibration_executor=shard_on
+        )
         if baseline.report is None:
             raise OptionError(
                 "the accuracy search needs the per-layer report; set ReportSamples to 1 or more."
@@ -116,11 +121,16 @@ def quantize_with_budget(
             progress=progress,
             calib_digest=feeds_digest(calib),
             min_npu_share=min_npu_share,
+            trials_per_round=int(getattr(executor, "workers", 1))
+            if trials_per_round is None
+            else trials_per_round,
         )
     final_cfg = dataclasses.replace(
         config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
     )
-    final = quantize_static(model_input, out, ListReader(calib), config=final_cfg)
+    final = quantize_static(
+        model_input, out, ListReader(calib), config=final_cfg, calibration_executor=shard_on
+    )
     note = (
         f"zonnx quantize --accuracy-budget: {metric} {result.chosen.score:.4f} against float "
         f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
