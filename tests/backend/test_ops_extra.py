@@ -24,8 +24,8 @@ from zonnx.backend.compile_api import compile_model
 from zonnx.backend.compiler import Op, Program, TensorInfo
 from zonnx.backend.compiler.requant import ROUND_MODES
 from zonnx.backend.partition import propose
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.backend.runtime.reference import run_program
 from zonnx.custom_ops import add_functions, make_node
 
 NPU = ["ZonnxNPUExecutionProvider", "CPUExecutionProvider"]

@@ -18,8 +18,8 @@ from tests.backend.native_support import KERNEL_IDS, KERNELS, lowered_session
 from zonnx.backend.compile_api import CompiledModel, compile_model
 from zonnx.backend.compiler.channels import fold_constant_channels
 from zonnx.backend.compiler.requant import requantize
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.backend.runtime.reference import run_program
 
 REC_SHAPE = (1, 3, 48, 160)  # narrow lines keep the test fast; the compiled graph is the same
 
