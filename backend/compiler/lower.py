@@ -46,6 +46,9 @@ _DEQUANT = {"DequantizeLinear", "VitisDequantizeLinear"}
 
 
 class _Lowering:
+    """The lowering state op modules' compile rules use: ``target``, ``shapes``, ``val`` (ONNX value ->
+    Codes / Const / Pending), ``codes``, ``add_tensor``, ``emit`` and ``emit_rescale``."""
+
     def __init__(self, model: onnx.ModelProto, target: Target) -> None:
         self.model, self.target = model, target
         g = model.graph

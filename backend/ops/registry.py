@@ -46,7 +46,7 @@ from . import (
     resize,
     slice,
 )
-from .spec import Kind, OpSpec, Rule
+from .spec import LAYOUTS, Kind, OpSpec, Rule
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,8 @@ def _kinds() -> dict[str, Kind]:
         for k in spec.kinds:
             if k.name in out:
                 raise ValueError(f"op kind {k.name!r} is registered twice ({spec.module}).")
+            if isinstance(k.layout, str) and k.layout not in LAYOUTS:
+                raise ValueError(f"op kind {k.name!r}: layout {k.layout!r} is not one of {LAYOUTS}.")
             out[k.name] = k
     return out
 
