@@ -65,7 +65,7 @@ def lower_ort(low: Any, op: Op, args: list[Val], ost: Storage, oinfo: TensorInfo
     """``MatMulInteger`` of two stored activations, requantized (module docstring)."""
     a, m = op.attrs, int(op.params["multiplier"][0])
     xa, xb = args
-    if getattr(low, "native", False) and any(v.st.dtype != np.uint8 for v in args):  # 16-bit: byte planes
+    if low.native and any(v.st.dtype != np.uint8 for v in args):  # 16-bit: byte planes
         k = xa.info.shape[-1] if xa.info.shape and isinstance(xa.info.shape[-1], int) else None
         za, zb = xa.st.offset + a["zp_a"], xb.st.offset + a["zp_b"]
         terms = native_matmul2_terms(low.b, xa.name, xa.st, za, xb.name, xb.st, zb, m, k)

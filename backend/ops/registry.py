@@ -18,6 +18,7 @@ __all__ = [
     "PENDING_OPS",
     "kind",
     "pending_rule",
+    "pending_rules",
     "lowerable_op_types",
     "constant_input_indices",
     "lowering_check",
@@ -104,6 +105,11 @@ _ALWAYS = frozenset({"Constant", "QuantizeLinear", "DequantizeLinear"})
 def kind(name: str) -> Kind | None:
     """The registered program op kind ``name`` (None when unknown)."""
     return KINDS.get(name)
+
+
+def pending_rules(op_type: str) -> tuple[Rule, ...]:
+    """The pending rules of ``op_type`` in the order they are tried."""
+    return tuple(_PENDING.get(op_type, ()))
 
 
 def pending_rule(p: Any) -> Rule | None:
