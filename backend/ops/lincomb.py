@@ -39,10 +39,8 @@ _I32 = float(1 << 31)
 
 
 def claims(p: Any) -> bool:
-    """Sub, Mul (not taken by ``mul``), Div, and Add with a constant operand."""
-    if p.node.op_type == "Add":
-        return any(isinstance(v, Const) for v in p.ins)
-    return True
+    """An Add with a constant operand (an Add of two activations is an ``add``)."""
+    return any(isinstance(v, Const) for v in p.ins)
 
 
 def _scalar_value(v: Any, node: Any) -> float:
@@ -140,6 +138,9 @@ def lower_ort(low: Any, op: Op, args: list[Val], ost: Storage, oinfo: TensorInfo
 SPEC = OpSpec(
     module=__name__,
     kinds=(Kind("lincomb", reference, lower_ort, "input", native=("RequantU8", "RequantI32")),),
-    rules=(Rule(frozenset({"Add", "Sub", "Mul", "Div"}), "pending", compile_lincomb, claims),),
+    rules=(
+        Rule(frozenset({"Add"}), "pending", compile_lincomb, claims),
+        Rule(frozenset({"Sub", "Mul", "Div"}), "pending", compile_lincomb),  # Mul: after ``mul`` declines
+    ),
     const_inputs={"Div": (1,)},
 )
