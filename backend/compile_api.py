@@ -32,7 +32,8 @@ from zonnx.backend.compiled import (
     partition_from_dict,
     read_program,
 )
-from zonnx.backend.compiler import CompileError, Program, compile_subgraph
+from zonnx.backend.compiler import CompileError, Program
+from zonnx.backend.compiler.lower import compile_subgraph
 from zonnx.backend.partition import (
     Partition,
     check_coverage,

@@ -26,8 +26,8 @@ from bench.bench_npu_speed import build_programs
 from bench.bench_zoo_ort import session
 from bench.runner import HIGHER, BenchContext, Measurement
 from zonnx import zoo
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.backend.runtime.reference import run_program
 from zonnx.hostcpu import host_int
 
 _MS = "com.microsoft"

@@ -51,7 +51,7 @@ from bench.runner import HIGHER, LOWER, REGISTRY, BenchContext, Benchmark, Measu
 from zonnx import zoo
 from zonnx.backend.compile_api import CompiledModel, compile_model
 from zonnx.backend.compiler import Program, TensorInfo
-from zonnx.backend.runtime import execute_op
+from zonnx.backend.runtime.reference import execute_op
 from zonnx.errors import ZonnxError
 from zonnx.inspection.macs import fix_input_shapes
 from zonnx.quantization.calibration.readers import ListReader

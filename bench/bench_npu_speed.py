@@ -43,10 +43,11 @@ from bench.bench_zoo_ort import session
 from bench.runner import HIGHER, LOWER, BenchContext, Measurement, time_call
 from zonnx import zoo
 from zonnx.backend.compile_api import compile_model
-from zonnx.backend.compiler import Program, compile_subgraph, whole_model_subgraph
+from zonnx.backend.compiler import Program
+from zonnx.backend.compiler.lower import compile_subgraph, whole_model_subgraph
 from zonnx.backend.native import native_status, register_library
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.backend.runtime.reference import run_program
 from zonnx.build_npu import target_quantize_kwargs
 from zonnx.hostcpu import host_int
 from zonnx.quantization.calibration.readers import ListReader

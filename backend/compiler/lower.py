@@ -2,31 +2,16 @@
 
 The subgraph consumes integer codes (QuantizeLinear outputs, or FixNeuron outputs read as codes
 ``q = x * 2^pos``) and produces the codes a DequantizeLinear would read. Each float op between
-dequantizers and its output quantizer becomes one integer op (``real = S * (q - Z)``):
+dequantizers and its output quantizer becomes one integer op (``real = S * (q - Z)``); the formula and
+compile rule of every op kind live in its module under ``zonnx.backend.ops`` (``ops.registry``):
 
-- Conv / Gemm / MatMul with constant weights, fused bias, Relu/Clip and requantization::
-
-      acc  = sum(q_x * q_w) + b'            padding with Z_x;  b' = b_acc - Z_x * sum(q_w)  (per oc)
-      b_acc = round(B / (S_x S_w))          (= the int32 bias codes when S_b == S_x S_w)
-      q_y  = clamp(rshift_round(acc * M, shift, requant.round_mode) + Z_y, lo, hi)
-      M / 2^shift ~= S_x S_w / S_y          (per channel with per-channel weights)
-
-  ``lo = max(qmin, Z_y)`` for a fused Relu; Clip(a, b) gives ``lo/hi = Q_y(a)/Q_y(b)`` (exact: Q is
-  monotone). Power-of-two targets (``requant.mode = "shift"``) have ``M = 1``, ``shift = wpos + ipos - opos``.
-- Add: ``q_y = clamp(rshift_round(M_a (q_a - Z_a) + M_b (q_b - Z_b), shift) + Z_y)`` with one common
-  shift, ``M_i / 2^shift ~= S_i / S_y`` (exact shifts on power-of-two targets: DPU shift_read/write).
-- AveragePool / GlobalAveragePool: ``q_y = clamp(rshift_round(M * sum(q_x - Z_x), shift) + Z_y)``,
-  ``M / 2^shift ~= S_x / (S_y n)``; a target with ``[quant.avgpool]`` uses its ``k / 2^n`` for ``1/n``
-  (a refinement ``Mul(pool, n k / 2^n)`` before the quantizer is then absorbed).
-- MaxPool, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Identity, Resize (nearest), Relu, Clip act
-  on codes (monotone, same grid); a following quantizer with another grid adds a ``rescale``.
-- Concat: every input with another grid than the output is rescaled first, then codes are joined.
-- Sigmoid, Tanh, HardSigmoid, HardSwish, LeakyRelu, Gelu, Erf, Exp, Softplus, Elu: a lookup table over
-  every input code, ``table[q - qmin_x] = Q_y(f(S_x (q - Z_x)))`` in float64 with the output quantizer's
-  rounding.
-
-Mul, Sub, Div, Add with a constant, MatMul of two activations (``lower_eltwise``) and Slice, Split,
-Gather, Pad (``lower_codes``) are lowered through ``lower_extra``.
+- ops that act on codes (monotone, same grid: MaxPool, Relu/Clip, Reshape, Slice, Pad, Resize nearest,
+  ...) are lowered at once by their *code* rule; a following quantizer with another grid adds a
+  ``rescale`` (``ops.rescale``), one with the same grid a ``copy``;
+- requantizing ops (Conv, Gemm, MatMul, Add, Mul, pools, Concat, lookup tables, ...) wait as *pending*
+  values for their output quantizer, collecting fused Relu/Clip clamps (``lo = max(qmin, Z_y)`` for a
+  Relu; Clip(a, b) gives ``lo/hi = Q_y(a)/Q_y(b)``) and a constant factor (a refinement
+  ``Mul(pool, n k / 2^n)``), then their *pending* rule emits the op.
 
 Add, pools and rescales round with ``quant.activation_round_mode`` (TPU-MLIR pools and eltwise round
 half away); Conv/Gemm/MatMul with ``quant.requant.round_mode``. Public API: ``compile_subgraph``,
@@ -44,62 +29,26 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from zonnx.backend.ops import registry
+from zonnx.backend.ops.clamp import CLAMP_OPS, activation
+from zonnx.backend.ops.rescale import emit_rescale
 from zonnx.backend.targets import Target, load_target
-from zonnx.errors import ZonnxError
 
-from . import lower_extra
 from . import params as om
 from .program import Op, Program, TensorInfo
 from .tiling import attach_tiling
+from .values import Codes, CompileError, Const, Pending
 
 logger = logging.getLogger(__name__)
 
-
-class CompileError(ZonnxError):
-    """A subgraph cannot be lowered to the target's integer operations (the message names the node)."""
-
-
 _QUANT = {"QuantizeLinear", "FixNeuron", "VitisQuantizeLinear"}
 _DEQUANT = {"DequantizeLinear", "VitisDequantizeLinear"}
-_CODE_OPS = {
-    "MaxPool",
-    "GlobalMaxPool",
-    "Reshape",
-    "Flatten",
-    "Transpose",
-    "Squeeze",
-    "Unsqueeze",
-    "Identity",
-    "Resize",
-}
-_PENDING_OPS = {"Conv", "Gemm", "MatMul", "Add", "AveragePool", "GlobalAveragePool", "Concat", *om.LUT_FUNCS}
-
-
-class _Codes:
-    """A float value equal to dequantize(program tensor ``tensor``)."""
-
-    def __init__(self, tensor: str, qp: om.QParams) -> None:
-        self.tensor, self.qp = tensor, qp
-
-
-class _Const:
-    """A constant: integer ``codes`` with grid ``qp`` (quantized), or a float ``value`` (qp None)."""
-
-    def __init__(self, value: np.ndarray, qp: om.QParams | None = None) -> None:
-        self.value, self.qp = value, qp
-
-
-class _Pending:
-    """A float op result waiting for its output quantizer, with fused activations."""
-
-    def __init__(self, node: onnx.NodeProto, ins: list[Any]) -> None:
-        self.node, self.ins = node, ins
-        self.acts: list[tuple[str, float, float]] = []
-        self.mul = 1.0
-        self.sources = [node.name]
 
 
 class _Lowering:
+    """The lowering state op modules' compile rules use: ``target``, ``shapes``, ``val`` (ONNX value ->
+    Codes / Const / Pending), ``codes``, ``add_tensor``, ``emit`` and ``emit_rescale``."""
+
     def __init__(self, model: onnx.ModelProto, target: Target) -> None:
         self.model, self.target = model, target
         g = model.graph
@@ -188,33 +137,29 @@ class _Lowering:
                 self.dequant(node, ins[0])
             elif op in _QUANT:
                 self.quant(node, ins[0])
-            elif op in ("Relu", "Clip") and isinstance(ins[0], _Pending):
-                ins[0].acts.append(self.act_of(node, ins))
+            elif op in CLAMP_OPS and isinstance(ins[0], Pending):
+                ins[0].acts.append(activation(node, ins))
                 ins[0].sources.append(node.name)
                 self.val[node.output[0]] = ins[0]
             elif (
                 op == "Mul"
-                and isinstance(ins[0], _Pending)
-                and isinstance(ins[1], _Const)
+                and isinstance(ins[0], Pending)
+                and isinstance(ins[1], Const)
                 and ins[1].qp is None
             ):
                 ins[0].mul *= float(np.asarray(ins[1].value).reshape(-1)[0])  # avgpool refinement factor
                 ins[0].sources.append(node.name)
                 self.val[node.output[0]] = ins[0]
-            elif op in ("Relu", "Clip"):
-                self.code_clamp(node, self.codes(ins[0], node), ins)
-            elif op in _CODE_OPS:
-                self.code_op(node, self.codes(ins[0], node), ins)
-            elif op in _PENDING_OPS or op in lower_extra.PENDING_OPS:
+            elif op in registry.CODE_RULES:
+                registry.CODE_RULES[op](self, node, self.codes(ins[0], node), ins)
+            elif op in registry.PENDING_OPS:
                 for v in ins:
-                    if isinstance(v, _Pending):
+                    if isinstance(v, Pending):
                         raise CompileError(
                             f"node {node.name!r} ({op}) reads {v.node.name!r}'s output, which is not quantized; "
                             "quantize every tensor between NPU ops (or leave the node on the CPU)."
                         )
-                self.val[node.output[0]] = _Pending(node, ins)
-            elif op in lower_extra.CODE_OPS:
-                lower_extra.code_op(self, node, self.codes(ins[0], node), ins)
+                self.val[node.output[0]] = Pending(node, ins)
             else:
                 raise CompileError(f"node {node.name!r}: op type {op} is not supported by the NPU compiler.")
 
@@ -224,166 +169,58 @@ class _Lowering:
         if name in self.val:
             return self.val[name]
         if name in self.consts:
-            return _Const(self.consts[name])
+            return Const(self.consts[name])
         raise CompileError(
             f"node {node.name!r}: input {name!r} is produced outside the subgraph and is not a subgraph input."
         )
 
-    def codes(self, v: Any, node: onnx.NodeProto) -> _Codes:
-        if isinstance(v, _Codes):
+    def codes(self, v: Any, node: onnx.NodeProto) -> Codes:
+        """``v`` when it is integer codes, else a CompileError naming ``node``."""
+        if isinstance(v, Codes):
             return v
         raise CompileError(f"node {node.name!r} ({node.op_type}): its input is not a quantized tensor.")
 
     def dequant(self, node: onnx.NodeProto, v: Any) -> None:
         qp = self.grid_of(node)
-        if isinstance(v, _Const):
-            self.val[node.output[0]] = _Const(np.asarray(v.value).astype(np.int64), qp)
-        elif isinstance(v, _Codes):
-            self.val[node.output[0]] = _Codes(v.tensor, qp)
+        if isinstance(v, Const):
+            self.val[node.output[0]] = Const(np.asarray(v.value).astype(np.int64), qp)
+        elif isinstance(v, Codes):
+            self.val[node.output[0]] = Codes(v.tensor, qp)
         else:
             raise CompileError(f"node {node.name!r}: dequantizes a value that is not integer codes.")
 
     def quant(self, node: onnx.NodeProto, v: Any) -> None:
         qp, out = self.grid_of(node), node.output[0]
-        if isinstance(v, _Const):
+        if isinstance(v, Const):
             codes = om.quantize_float(np.asarray(v.value, dtype=np.float64), qp)
-            self.val[out] = _Const(codes, qp)  # a quantized constant (FixNeuron on a weight: its codes)
+            self.val[out] = Const(codes, qp)  # a quantized constant (FixNeuron on a weight: its codes)
             return
         self.add_tensor(out, qp)
-        if isinstance(v, _Codes):
+        if isinstance(v, Codes):
             if v.qp.same(qp):
                 self.emit("copy", node.name, [v.tensor], [out], {}, {}, [node.name])
             else:
                 self.emit_rescale(v.tensor, v.qp, out, qp, [node.name])
-        elif isinstance(v, _Pending):
+        elif isinstance(v, Pending):
             self.lower_pending(v, out, qp, node.name)
         else:
             raise CompileError(f"node {node.name!r}: quantizes a value the compiler cannot follow.")
-        self.val[out] = _Codes(out, qp)
-
-    def act_of(self, node: onnx.NodeProto, ins: list[Any]) -> tuple[str, float, float]:
-        if node.op_type == "Relu":
-            return ("clip", 0.0, np.inf)
-        lo = float(np.asarray(ins[1].value)) if len(ins) > 1 and ins[1] is not None else -np.inf
-        hi = float(np.asarray(ins[2].value)) if len(ins) > 2 and ins[2] is not None else np.inf
-        for a in node.attribute:  # Clip-6 attributes
-            lo = a.f if a.name == "min" else lo
-            hi = a.f if a.name == "max" else hi
-        return ("clip", lo, hi)
-
-    def clamp_bounds(self, acts: list[tuple[str, float, float]], qp: om.QParams) -> tuple[int, int]:
-        lo, hi = qp.qmin, qp.qmax
-        for _, a, b in acts:
-            if np.isfinite(a):
-                lo = max(lo, int(om.quantize_float(np.array(a), qp)))
-            if np.isfinite(b):
-                hi = min(hi, int(om.quantize_float(np.array(b), qp)))
-        return lo, hi
-
-    def code_clamp(self, node: onnx.NodeProto, x: _Codes, ins: list[Any]) -> None:
-        lo, hi = self.clamp_bounds([self.act_of(node, ins)], x.qp)
-        out = node.output[0]
-        self.add_tensor(out, x.qp)
-        self.emit("clamp", node.name, [x.tensor], [out], {"lo": lo, "hi": hi}, {}, [node.name])
-        self.val[out] = _Codes(out, x.qp)
-
-    def code_op(self, node: onnx.NodeProto, x: _Codes, ins: list[Any]) -> None:
-        kind, attrs = om.code_op_attrs(
-            node, [None if v is None or isinstance(v, _Codes) else np.asarray(v.value) for v in ins]
-        )
-        if kind in ("maxpool",):
-            attrs["pad_value"] = x.qp.qmin
-        if x.qp.axis is not None and kind != "maxpool":
-            raise CompileError(
-                f"node {node.name!r}: per-channel activations cannot go through {node.op_type}."
-            )
-        out = node.output[0]
-        self.add_tensor(out, x.qp)
-        self.emit(kind, node.name, [x.tensor], [out], attrs, {}, [node.name])
-        self.val[out] = _Codes(out, x.qp)
+        self.val[out] = Codes(out, qp)
 
     def emit_rescale(self, src: str, qin: om.QParams, dst: str, qout: om.QParams, sources: list[str]) -> None:
-        m, s = om.multipliers(np.asarray(qin.scale / qout.scale), self.target, sources[-1], eltwise=True)
-        self.emit(
-            "rescale",
-            sources[-1],
-            [src],
-            [dst],
-            {
-                "zp_in": int(qin.zp),
-                "zp_out": int(qout.zp),
-                "lo": qout.qmin,
-                "hi": qout.qmax,
-                "round_mode": self.target.quant.activation_round_mode,
-            },
-            {"multiplier": m, "shift": s},
-            sources,
-        )
+        """Emit a ``rescale`` of ``src`` to grid ``qout`` (``ops.rescale``)."""
+        emit_rescale(self, src, qin, dst, qout, sources)
 
-    # -- pending ops -----------------------------------------------------------------------------
-    def lower_pending(self, p: _Pending, out: str, qp: om.QParams, qname: str) -> None:
+    def lower_pending(self, p: Pending, out: str, qp: om.QParams, qname: str) -> None:
+        """Emit pending node ``p`` by its op module's rule, now that its output quantizer is known."""
         node, op = p.node, p.node.op_type
         sources = [*p.sources, qname]
-        lo, hi = self.clamp_bounds(p.acts, qp)
+        lo, hi = om.clamp_bounds(p.acts, qp)
         base = {"zp_out": int(qp.zp), "lo": lo, "hi": hi}
-        if lower_extra.claims(p):
-            return lower_extra.lower_pending(self, p, out, qp, sources, base)
-        if op in ("Conv", "Gemm", "MatMul"):
-            x, w = p.ins[0], p.ins[1]
-            if not isinstance(x, _Codes) or not isinstance(w, _Const) or w.qp is None:
-                raise CompileError(
-                    f"node {node.name!r}: {op} needs quantized activations and quantized constant weights."
-                )
-            kind, attrs, params = om.lower_linear(
-                node, x.qp, w.value, w.qp, _bias(p.ins), qp, p.mul, self.target
-            )
-            attrs.update(base, round_mode=self.target.quant.requant.round_mode)
-            self.emit(kind, node.name, [x.tensor], [out], attrs, params, sources)
-        elif op == "Add":
-            a, b = (self.codes(v, node) for v in p.ins)
-            ratios = np.array([float(a.qp.scale), float(b.qp.scale)]) / float(qp.scale) * p.mul
-            m, s = om.multipliers(ratios, self.target, node.name, eltwise=True, common_shift=True)
-            attrs = dict(
-                base, zp_a=int(a.qp.zp), zp_b=int(b.qp.zp), round_mode=self.target.quant.activation_round_mode
-            )
-            self.emit(
-                "add", node.name, [a.tensor, b.tensor], [out], attrs, {"multiplier": m, "shift": s}, sources
-            )
-        elif op in ("AveragePool", "GlobalAveragePool"):
-            x = self.codes(p.ins[0], node)
-            attrs, params = om.lower_avgpool(
-                node, x.qp, qp, p.mul, self.shapes.get(node.input[0]), self.target
-            )
-            attrs.update(base, round_mode=self.target.quant.activation_round_mode)
-            self.emit("avgpool", node.name, [x.tensor], [out], attrs, params, sources)
-        elif op == "Concat":
-            names = []
-            for i, v in enumerate(p.ins):
-                x = self.codes(v, node)
-                if x.qp.same(qp):
-                    names.append(x.tensor)
-                else:
-                    tmp = f"{out}__concat_in{i}"
-                    self.add_tensor(tmp, qp)
-                    self.emit_rescale(x.tensor, x.qp, tmp, qp, [node.name])
-                    names.append(tmp)
-            axis = next(a.i for a in node.attribute if a.name == "axis")
-            self.emit("concat", node.name, names, [out], {"axis": int(axis), "lo": lo, "hi": hi}, {}, sources)
-        elif op in om.LUT_FUNCS:
-            x = self.codes(p.ins[0], node)
-            table = om.lut_table(node, x.qp, qp, p.acts, p.mul)
-            self.emit("lut", node.name, [x.tensor], [out], {"qmin_in": x.qp.qmin}, {"table": table}, sources)
-        else:  # pragma: no cover - _PENDING_OPS and this dispatch agree
+        rule = registry.pending_rule(p)
+        if rule is None:  # pragma: no cover - PENDING_OPS and the rules agree
             raise CompileError(f"node {node.name!r}: {op} cannot be lowered.")
-
-
-def _bias(ins: list[Any]) -> tuple[np.ndarray, om.QParams | None] | None:
-    b = ins[2] if len(ins) > 2 else None
-    if b is None:
-        return None
-    if not isinstance(b, _Const):
-        raise CompileError("the bias of a Conv/Gemm must be a constant.")
-    return np.asarray(b.value), b.qp
+        rule.lower(self, p, out, qp, sources, base)
 
 
 def whole_model_subgraph(model: onnx.ModelProto) -> tuple[list[str], list[str], list[str]]:
@@ -430,14 +267,14 @@ def compile_subgraph(
     in_infos = []
     for name in inputs:
         qp = low.input_grid(name)
-        low.val[name] = _Codes(name, qp)
+        low.val[name] = Codes(name, qp)
         low.add_tensor(name, qp)
         in_infos.append(low.tensors[name])
     low.run([by_name[n] for n in node_names])
     out_infos = []
     for name in outputs:
         v = low.val.get(name)
-        if not isinstance(v, _Codes):
+        if not isinstance(v, Codes):
             raise CompileError(
                 f"subgraph output {name!r} is not an integer tensor of the subgraph (quantize it)."
             )

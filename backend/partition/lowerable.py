@@ -4,12 +4,14 @@ A group the target's table accepts but the compiler cannot lower would fail at c
 its whole subgraph back to the CPU. ``lowering_rule`` refuses such groups up front (rule
 ``no_lowering``), one by one, so that the rest of the subgraph stays on the NPU:
 
-- the op type has no integer lowering (``compiler.lower_extra.lowerable_op_types``: Softmax,
+- the op type has no integer lowering (``ops.registry.lowerable_op_types``: Softmax,
   LayerNormalization, ConvTranspose, Reduce*, ... stay on the CPU);
-- Resize/Upsample other than nearest (the compiler moves codes; linear interpolation is not lowered);
+- an op module's own check fails (``ops.registry.lowering_check``; Resize other than nearest: the
+  compiler moves codes, linear interpolation is not lowered);
 - an activation fused into the op other than Relu/Clip (the compiler fuses clamps only);
 - a parameter the compiler reads as a constant is computed at run time: Conv/Gemm weights, the
-  divisor of Div, the indices of Gather, Slice starts/ends/axes/steps, Pad pads.
+  divisor of Div, the indices of Gather, Slice starts/ends/axes/steps, Pad pads (each op module's
+  ``const_inputs``, ``ops.registry.constant_input_indices``).
 
 ``is_param_operand`` says which float constant inputs are operation parameters rather than data that
 must be quantized: a scalar float constant of Mul/Div (TPU-MLIR's MulConst: ``x * c``, ``x / c``) or of
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from zonnx.backend.compiler.lower_extra import lowerable_op_types
+from zonnx.backend.ops.registry import constant_input_indices, lowerable_op_types, lowering_check
 from zonnx.backend.targets import Target
 from zonnx.passes.fusion.matching import const_array
 from zonnx.quantization.refine.positions import is_refine_node
@@ -35,16 +37,6 @@ logger = logging.getLogger(__name__)
 RULE = "no_lowering"
 _CONST_OPERAND_OPS = frozenset({"Mul", "Div", "Add", "Sub"})
 _FUSED_OK = frozenset({"Relu", "Clip"})
-#: (op type, input index) pairs the compiler needs as constants.
-_CONST_INPUTS = {
-    "Conv": (1,),
-    "Gemm": (1,),
-    "Div": (1,),
-    "Gather": (1,),
-    "Slice": (1, 2, 3, 4),
-    "Pad": (1, 2, 3),
-    "Split": (1,),
-}
 _QUANTIZERS = {
     "DequantizeLinear",
     "VitisDequantizeLinear",
@@ -87,11 +79,11 @@ def lowering_rule(anchor: ir.Node, members: Sequence[ir.Node]) -> tuple[str, str
     op, label = anchor.op_type, f"{anchor.op_type} {anchor.name!r}"
     if op not in lowerable_op_types():
         return RULE, f"{label}: zonnx's NPU compiler has no integer lowering for {op}"
-    if op in ("Resize", "Upsample"):
-        mode = anchor.attributes.get_string("mode", "nearest")
-        if mode != "nearest":
-            return RULE, f"{label}: only nearest Resize is lowered (mode {mode!r})"
-    for index in _CONST_INPUTS.get(op, ()):
+    check = lowering_check(op)
+    why = check(anchor) if check is not None else None
+    if why is not None:
+        return RULE, f"{label}: {why}"
+    for index in constant_input_indices(op):
         if index < len(anchor.inputs) and not _is_constant(anchor.inputs[index]):
             value = anchor.inputs[index]
             return RULE, f"{label}: input {index} ({value.name!r}) must be a constant for the NPU compiler"

@@ -1,5 +1,11 @@
-"""NPU program execution (zonnx.backend.runtime): the numpy reference executor."""
+"""NPU program execution (zonnx.backend.runtime): the numpy reference executor and the ORT lowering.
 
-from .reference import ReferenceError, execute_op, run_program
+``reference.run_program`` / ``execute_op`` run a program through the op modules of
+``zonnx.backend.ops``, which import this package's machinery (``ort_kernels``, ``ort_native``,
+``ort_values``, ``ref_math``); so this package exports only ``ReferenceError`` and never imports the
+drivers.
+"""
 
-__all__ = ["run_program", "execute_op", "ReferenceError"]
+from .ref_math import ReferenceError
+
+__all__ = ["ReferenceError"]

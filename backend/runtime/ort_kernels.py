@@ -40,6 +40,7 @@ __all__ = [
     "KernelError",
     "int8_weights",
     "resolve_int_path",
+    "RequantForm",
 ]
 
 import dataclasses
@@ -345,3 +346,37 @@ def emit_im2col_matmul(
     wm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o))
     wname, wzp = int8_weights(b, wm, path)
     return b.op("MatMulInteger", [col, wname, b.const(zs, np.uint8, "xzp"), wzp])
+
+
+@dataclasses.dataclass(frozen=True)
+class RequantForm:
+    """The stored ``clamp(R((sum M_t x_t + const) / 2^shift) + zp, lo, hi)`` of one op, built once.
+
+    The arguments of ``emit_requant`` and of the native ``emit_native_requant`` /
+    ``native_requant_attrs`` (same formula): ``args()`` gives them in order, ``where`` names the op.
+    """
+
+    terms: tuple[Term, ...]
+    const: np.ndarray
+    shift: np.ndarray
+    mode: str
+    zp: int
+    lo: int
+    hi: int
+    out_storage: Storage
+    bshape: tuple[int, ...]
+    where: str
+
+    def args(self) -> tuple:
+        """(terms, const, shift, mode, zp, lo, hi, out_storage, bshape), positional for the emitters."""
+        return (
+            list(self.terms),
+            self.const,
+            self.shift,
+            self.mode,
+            self.zp,
+            self.lo,
+            self.hi,
+            self.out_storage,
+            self.bshape,
+        )

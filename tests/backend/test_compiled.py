@@ -67,7 +67,7 @@ def test_corrupted_program_is_refused(fix_model: Path) -> None:
 
 
 def test_program_runs_like_reference(fix_model: Path) -> None:
-    from zonnx.backend.runtime import run_program
+    from zonnx.backend.runtime.reference import run_program
 
     cm = compile_model(fix_model, "dpu-b4096")
     prog = cm.programs[0]

@@ -13,8 +13,9 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 import zonnx
 from zonnx import zoo
-from zonnx.backend.compiler import CompileError, Program, compile_subgraph, whole_model_subgraph
-from zonnx.backend.runtime import execute_op, run_program
+from zonnx.backend.compiler import CompileError, Program
+from zonnx.backend.compiler.lower import compile_subgraph, whole_model_subgraph
+from zonnx.backend.runtime.reference import execute_op, run_program
 from zonnx.zoo.digits import digits_data
 
 

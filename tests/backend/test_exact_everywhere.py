@@ -12,8 +12,8 @@ import pytest
 
 from tests.backend.test_ort_lowering import _info, _program
 from zonnx.backend.compiler import Op, quantize_multiplier
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import lower_program, program_to_model
+from zonnx.backend.runtime.reference import run_program
 from zonnx.hostcpu import host_int
 
 pytestmark = pytest.mark.exactness

@@ -19,7 +19,6 @@ from zonnx import zoo
 from zonnx.backend import native
 from zonnx.backend.compiler import Op, Program, TensorInfo, quantize_multiplier
 from zonnx.backend.compiler.requant import ROUND_MODES, requantize
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_kernels import Builder, Term, storage_of
 from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.backend.runtime.ort_native import (
@@ -31,6 +30,7 @@ from zonnx.backend.runtime.ort_native import (
     emit_qconv,
     native_requant_attrs,
 )
+from zonnx.backend.runtime.reference import run_program
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
 

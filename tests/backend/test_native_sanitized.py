@@ -12,8 +12,8 @@ import pytest
 
 from tests.backend.test_compiler import _compile, digits  # noqa: F401  (module fixture)
 from zonnx.backend.native import build_library
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.backend.runtime.reference import run_program
 from zonnx.zoo.digits import digits_data
 
 pytestmark = pytest.mark.slow

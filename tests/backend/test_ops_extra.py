@@ -1,9 +1,8 @@
-"""The op kinds of lower_eltwise / lower_codes (mul, lincomb, matmul2, slice, gather, pad): exact formulas on edge
+"""The op kinds mul, lincomb, matmul2, slice, gather, pad (``zonnx.backend.ops``): exact formulas on edge
 cases (ties in every rounding mode, negative values, saturation), ORT lowering == numpy reference bit for bit,
 and a hand-quantized model of every new ONNX op compiled for each target, against ORT's QDQ execution.
 
-The ORT lowering of these kinds goes through the ``ort_lowering_extra.LOWERINGS`` fallback of
-``ort_lowering._Lowerer.lower``.
+Each kind's formula, reference and ORT lowering live in its op module (``ops.registry``).
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from zonnx.backend.compile_api import compile_model
 from zonnx.backend.compiler import Op, Program, TensorInfo
 from zonnx.backend.compiler.requant import ROUND_MODES
 from zonnx.backend.partition import propose
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.backend.runtime.reference import run_program
 from zonnx.custom_ops import add_functions, make_node
 
 NPU = ["ZonnxNPUExecutionProvider", "CPUExecutionProvider"]

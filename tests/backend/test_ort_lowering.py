@@ -13,9 +13,9 @@ from tests.backend.test_compiler import _compile, digits, resnet  # noqa: F401  
 from zonnx.backend.compiler import Op, Program, TensorInfo, quantize_multiplier
 from zonnx.backend.compiler.requant import ROUND_MODES, requantize
 from zonnx.backend.native import ISA_ENV, conv_isa
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_kernels import Builder, KernelError, Term, emit_requant, storage_of
 from zonnx.backend.runtime.ort_lowering import lower_program, program_to_model
+from zonnx.backend.runtime.reference import run_program
 from zonnx.zoo.digits import digits_data
 
 #: Bit-exactness on this CPU: CI also runs these under emulated AVX2 and SSE4.1 CPUs (tools/exactness.sh).

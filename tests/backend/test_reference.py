@@ -12,16 +12,11 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from zonnx.backend.compiler import (
-    Op,
-    Program,
-    ProgramFormatError,
-    TensorInfo,
-    compile_subgraph,
-    whole_model_subgraph,
-)
+from zonnx.backend.compiler import Op, Program, ProgramFormatError, TensorInfo
+from zonnx.backend.compiler.lower import compile_subgraph, whole_model_subgraph
 from zonnx.backend.compiler.requant import quantize_multiplier, round_fraction
-from zonnx.backend.runtime import ReferenceError, run_program
+from zonnx.backend.runtime import ReferenceError
+from zonnx.backend.runtime.reference import run_program
 
 
 def _info(name: str, dtype: str = "int8") -> TensorInfo:
@@ -225,6 +220,6 @@ def test_lut_resize_pool_against_ort(target: str) -> None:
         assert d.max() <= 1, (n, d.max())
     # Resize on codes is exact when fed ORT's own input codes.
     resize = next(op for op in prog.ops if op.kind == "resize_nearest")
-    from zonnx.backend.runtime import execute_op
+    from zonnx.backend.runtime.reference import execute_op
 
     assert np.array_equal(execute_op(resize, [ref["cat_q"].astype(np.int64)]), ref["rs_q"])

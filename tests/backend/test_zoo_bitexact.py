@@ -2,8 +2,8 @@
 for bit on every program tensor, and the NPU takes (nearly) all MACs. MobileNetV2 and PP-OCRv4 rec (fixed
 1x3x48x160 input) on the three targets (QDQ int8 symmetric, QDQ u8/s8, FixNeuron).
 
-The programs use the op kinds of ``lower_eltwise`` / ``lower_codes``; their ORT lowering goes through the
-``ort_lowering_extra.LOWERINGS`` fallback of ``ort_lowering._Lowerer.lower``.
+The programs use the eltwise and selection op kinds (``ops.mul``, ``lincomb``, ``matmul2``, ``slice``, ...);
+``ort_lowering`` lowers every kind through its op module (``ops.registry``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tests.backend.native_support import KERNEL_IDS, KERNELS, lowered_session
 from zonnx.backend.compile_api import CompiledModel, compile_model
 from zonnx.backend.compiler.channels import fold_constant_channels
 from zonnx.backend.compiler.requant import requantize
-from zonnx.backend.runtime import run_program
 from zonnx.backend.runtime.ort_lowering import program_to_model
+from zonnx.backend.runtime.reference import run_program
 
 REC_SHAPE = (1, 3, 48, 160)  # narrow lines keep the test fast; the compiled graph is the same
 
