@@ -16,6 +16,7 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
 - "Latent" ops that only move or select values (Reshape, Transpose, MaxPool, Resize, Slice, ...):
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
   the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
+  With float8 types MaxPool stays float (ORT's rule).
 - Softmax inputs: the range reaches at most ``SOFTMAX_SPAN`` below the maximum (the attention mask).
 - A Concat of unit-range scores and other values (a detection head's boxes) stays float (``traps.py``).
 - A Relu/Clip whose input is quantized and read by it alone, with asymmetric activations and no
@@ -324,6 +325,9 @@ class _Annotator:
             return
         elif op in LATENT_OPS or op == "Pad":
             src = ins[0]
+            if op == "MaxPool" and self._act_spec(node).dtype.is_float:
+                self.plan.skipped[node.name] = "MaxPool stays float with float8 types (ORT's rule)"
+                return
             if src is None or (
                 src.name not in self.plan.tensors and not self.cfg.force_quantize_no_input_check
             ):

@@ -101,7 +101,7 @@ def annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
         and extra.quant_placement == "ort",
         # symmetric activations keep zonnx's fusion (the Relu/Clip input stays float): the NPU backends'
         # lowering expects it; ORT's own layout (both sides quantized) is listed in docs/conformance.md
-        fuse_activations=bool(extra.target) or cfg.power_of_two or extra.activation_symmetric,
+        fuse_activations=bool(extra.target) or cfg.power_of_two,
     )
 
 
