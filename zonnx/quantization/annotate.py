@@ -22,6 +22,8 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
 - A Relu/Clip whose input is quantized and read by it alone, with asymmetric activations and no
   target (ORT's rule): the node is removed, its input takes its name and the quantization of its
   output, whose saturation does the clipping (``plan.removed``; QDQKeepRemovableActivations keeps it).
+- QOperator with symmetric activations (ORT's rule): a Relu/Clip stays float, between a DQ and, if
+  a quantized consumer reads its output, a Q.
 - With a target: a Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused:
   the intermediate tensor gets no quantization of its own.
 - A Conv input produced by a DequantizeLinear of constants is already quantized: it keeps that node's
@@ -149,6 +151,9 @@ class AnnotateConfig:
     remove_activations: bool = False
     #: with a target: a Relu/Clip after Conv/Gemm/MatMul/Add leaves the tensor between them float
     fuse_activations: bool = False
+    #: QOperator with symmetric activations (ORT's rule): a Relu/Clip runs in float, its output is
+    #: quantized only where a quantized consumer reads it
+    float_activations: bool = False
     per_channel_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
     node_activation: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     node_weight: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
@@ -309,6 +314,11 @@ class _Annotator:
                 self._act(node, ins[1])
         elif op == "Pad" and not self.cfg.qoperator:
             self._pad(node, ins)
+            return
+        elif op in _REMOVABLE_ACTIVATIONS and self.cfg.float_activations:
+            self.plan.skipped[node.name] = (
+                "symmetric activations: Relu/Clip runs in float (ORT's QOperator rule)"
+            )
             return
         elif (
             op in _NEEDS_QUANTIZED_INPUT or (op in _REMOVABLE_ACTIVATIONS and not self.cfg.fuse_activations)
