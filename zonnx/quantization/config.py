@@ -234,6 +234,14 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 def check_float8(cfg: QuantConfig) -> None:
     """ORT's float8 rules: activations and weights both E4M3FN, calibrated with Distribution; zonnx adds
     what it does not implement for float8 (per-channel, reduce_range, targets, power-of-two formats)."""
+    if cfg.extra.calib_scenario not in ("same", "p3"):
+        raise OptionError(f"extra_options['scenario'] = {cfg.extra.calib_scenario!r}: use 'same' or 'p3'.")
+    if cfg.extra.calib_scenario != "same":
+        logger.warning(
+            "extra_options['scenario'] = %r: ORT's quantize_static does not pass this key to its calibrator, "
+            "so float8 scales come from the 'same' scenario there and here as well.",
+            cfg.extra.calib_scenario,
+        )
     types = (cfg.activation_type, cfg.weight_type)
     if "float8e4m3fn" not in types:
         return

@@ -226,8 +226,9 @@ def calibrate_plan(
                 pos = max(pos, _span_pos(member_stats, span))
             params = pof2_params(pos, spec)
         elif spec.dtype.is_float and not any(tp.fixed_range for tp in members):
-            # float8 (ORT's Distribution): the scale matches the widest member's spread to float8's
-            spread = max(distribution_std(s, cfg.extra.calib_scenario) for _, s in member_stats)
+            # float8 (ORT's Distribution): the scale matches the widest member's spread to float8's;
+            # ORT's quantize_static always calibrates the "same" scenario (config.check_float8)
+            spread = max(distribution_std(s, "same") for _, s in member_stats)
             params = float8_params(spread, spec)
         else:
             ranges = [tp.fixed_range or _range(s, tp, cfg, name) for tp, s in member_stats]

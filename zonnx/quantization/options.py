@@ -103,7 +103,7 @@ class ExtraOptions:
     block_size: int = 0
     # zonnx keys
     weight_calibrate_method: str = "minmax"
-    # ORT's Distribution scenario for float8 scales: "same" or "p3" (methods.distribution_std)
+    # ORT's Distribution scenario key; ORT's quantize_static never applies it ("same"): checked and warned
     calib_scenario: str = "same"
     # histogram bins; None = the method's ORT default (Entropy 128 over [-t, t], else 2048)
     calib_num_bins: int | None = None

@@ -243,22 +243,27 @@ def distribution(stats: TensorStats, **_: Any) -> Range:
     return -t, t
 
 
+#: ORT's histogram size for Distribution (its ``num_bins`` default).
+ORT_DISTRIBUTION_BINS = 2048
 #: ORT's Distribution scenarios: "same" (the data spreads like float8 values), "p3" (like a cube).
 SCENARIOS = ("same", "p3")
 
 
 def distribution_std(stats: TensorStats, scenario: str = "same") -> float:
     """The spread ORT's Distribution matches to the float8 grid: the standard deviation of ``x``
-    ("same", from the exact moments) or of ``sign(x) |x|^(1/3)`` ("p3", from the histogram's bin
-    centers, as ORT computes both)."""
+    ("same", from the exact moments) or of ``sign(x) |x|^(1/3)`` ("p3", from the bin centers of the
+    histogram re-binned to ORT's 2048 bins over ``[-max|x|, max|x|]``, as ORT computes it)."""
     if scenario not in SCENARIOS:
         raise OptionError(f"extra_options['scenario'] = {scenario!r}: use one of {', '.join(SCENARIOS)}.")
     if scenario == "same":
         _check(stats, "moments")
         return float(stats.std)
     _check(stats, "histogram")
-    n = stats.hist.counts.astype(np.float64)
-    c = stats.hist.centers()
+    counts, edges = stats.hist.symmetric()
+    if stats.abs_max > 0:  # ORT's layout: 2048 bins over [-max|x|, max|x|]
+        counts, edges = _ort_layout(counts, edges, stats.abs_max, ORT_DISTRIBUTION_BINS)
+    n = counts.astype(np.float64)
+    c = (edges[:-1] + edges[1:]) / 2
     v = np.sign(c) * np.abs(c) ** (1.0 / 3.0)
     mean = float((n * v).sum() / n.sum())
     return float(np.sqrt((n * (v - mean) ** 2).sum() / n.sum()))
