@@ -417,6 +417,12 @@ REGISTRY: dict[str, Benchmark] = {
             "partitioner's NPU MAC share",
         ),
         Benchmark(
+            "quantize_call",
+            "bench.bench_quantize_call:bench_quantize_call",
+            "resnet18-random: the whole quantize_static call / one float sweep (MinMax, Percentile), zonnx vs "
+            "ORT's call in the same rounds",
+        ),
+        Benchmark(
             "ort_conformance",
             "bench.bench_ort_conformance:bench_ort_conformance",
             "ONNX Runtime's own quantization tests with zonnx.quantize_static patched in: passed / passed with "

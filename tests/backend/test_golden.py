@@ -109,10 +109,14 @@ def test_good_model_is_within_tolerance(built, feeds, target: str) -> None:
     assert min(r.sqnr_db for r in report.rows) > 20
     fq_rows = [r for r in report.rows if r.max_lsb is not None]
     assert len(fq_rows) == len(report.rows) - (target == "bm1684x")  # the Concat input rescale has none
-    assert max(r.max_lsb for r in fq_rows) == 0  # measured: 0 LSB on both targets
-    assert all(r.codes_diff == 0 and r.cos_fq > 0.9999 for r in fq_rows)
+    # measured: 0 LSB on dpu-b4096; on bm1684x 1 LSB in one element of the Conv before a Relu, whose
+    # output is quantized on its own in ORT's symmetric layout (integer requantization vs float rounding)
+    assert max(r.max_lsb for r in fq_rows) <= (target == "bm1684x")
+    assert all(r.codes_diff <= (target == "bm1684x") and r.cos_fq > 0.9999 for r in fq_rows)
     conv = next(r for r in report.rows if r.op == "/res/res.0/Conv")
-    assert conv.float_tensor == "/res/res.2/Relu_output_0"  # the quantizer's input, past the fused Relu
+    # dpu-b4096 fuses the Relu into the Conv's quantizer (target rules); the ORT layout quantizes both
+    fused = {"dpu-b4096": "/res/res.2/Relu_output_0", "bm1684x": "/res/res.0/Conv_output_0"}
+    assert conv.float_tensor == fused[target]
     json.dumps(report.to_dict(), allow_nan=False)
 
 
@@ -129,8 +133,8 @@ def test_corrupted_program_names_that_layer(built, feeds, target: str) -> None:
     bad = corrupt_weights(b["compiled"], "/res/res.0/Conv")
     report = compare_layers(bad, feeds, float_model=zoo.get("digits_cnn"), qdq_model=b["qdq"])
     first = report.first_divergence
-    assert first is not None and first.op == "/res/res.0/Conv" and first.index == 1
-    assert not report.rows[0].diverged
+    assert first is not None and first.op == "/res/res.0/Conv"
+    assert first.index >= 1 and not any(r.diverged for r in report.rows[: first.index])
     assert first.cos_float < 0.9 and first.max_lsb > 10 and first.local_lsb > 10
     assert "the op alone differs" in report.summary()
 

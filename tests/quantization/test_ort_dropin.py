@@ -264,13 +264,15 @@ def test_qdq_loss_debug_reads_zonnx_output(tmp_path):
 
 def test_removable_relu_and_prequantized_weight(tmp_path):
     """Item 9: with asymmetric activations Conv->Relu loses the Relu (its quantization clips, ORT then fuses
-    QLinearConv); with symmetric ones the Relu stays and its input float. A weight already behind a
+    QLinearConv); with symmetric ones the Relu stays between two quantized tensors (ORT's layout). A weight already behind a
     DequantizeLinear keeps its parameters."""
     model = _conv_model(tmp_path / "m.onnx", relu=True)
     out = tmp_path / "q.onnx"
     # a feed from the calibration set: the bound below is the grid's rounding, not clipping of an
     # out-of-range sample (the module's shared RNG would make that depend on test order)
-    feeds = [{"x": np.random.default_rng(i).uniform(-1, 1, (1, 2, 6, 6)).astype(np.float32)} for i in range(4)]
+    feeds = [
+        {"x": np.random.default_rng(i).uniform(-1, 1, (1, 2, 6, 6)).astype(np.float32)} for i in range(4)
+    ]
     feed = feeds[0]
     zonnx.quantize_static(model, out, ListReader(feeds), activation_type=QuantType.QUInt8)
     ops = [n.op_type for n in onnx.load(out).graph.node]
@@ -279,7 +281,8 @@ def test_removable_relu_and_prequantized_weight(tmp_path):
     assert _run(out, feed).min() >= 0.0
     zonnx.quantize_static(model, out, _reader(), extra_options={"ActivationSymmetric": True})
     ops = [n.op_type for n in onnx.load(out).graph.node]
-    assert "Relu" in ops and ops.count("QuantizeLinear") == 2  # symmetric: the Relu input stays float
+    # symmetric (ORT's layout): the Relu stays, its input and output each quantized
+    assert "Relu" in ops and ops.count("QuantizeLinear") == 3
     # pre-quantized weight
     codes = RNG.integers(-127, 128, (4, 2, 3, 3)).astype(np.int8)
     graph = helper.make_graph(

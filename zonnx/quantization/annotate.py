@@ -16,11 +16,14 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
 - "Latent" ops that only move or select values (Reshape, Transpose, MaxPool, Resize, Slice, ...):
   quantized only when their input already is (ForceQuantizeNoInputCheck overrides); output shares
   the input's scale (TPU-MLIR's backward calibration: the requantization is then the identity).
+  With float8 types MaxPool stays float (ORT's rule).
 - Softmax inputs: the range reaches at most ``SOFTMAX_SPAN`` below the maximum (the attention mask).
 - A Concat of unit-range scores and other values (a detection head's boxes) stays float (``traps.py``).
 - A Relu/Clip whose input is quantized and read by it alone, with asymmetric activations and no
   target (ORT's rule): the node is removed, its input takes its name and the quantization of its
   output, whose saturation does the clipping (``plan.removed``; QDQKeepRemovableActivations keeps it).
+- QOperator with symmetric activations (ORT's rule): a Relu/Clip stays float, between a DQ and, if
+  a quantized consumer reads its output, a Q.
 - With a target: a Relu/Clip that is the single consumer of a Conv/Gemm/MatMul/Add output is fused:
   the intermediate tensor gets no quantization of its own.
 - A Conv input produced by a DequantizeLinear of constants is already quantized: it keeps that node's
@@ -148,6 +151,9 @@ class AnnotateConfig:
     remove_activations: bool = False
     #: with a target: a Relu/Clip after Conv/Gemm/MatMul/Add leaves the tensor between them float
     fuse_activations: bool = False
+    #: QOperator with symmetric activations (ORT's rule): a Relu/Clip runs in float, its output is
+    #: quantized only where a quantized consumer reads it
+    float_activations: bool = False
     per_channel_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
     node_activation: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     node_weight: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
@@ -309,6 +315,11 @@ class _Annotator:
         elif op == "Pad" and not self.cfg.qoperator:
             self._pad(node, ins)
             return
+        elif op in _REMOVABLE_ACTIVATIONS and self.cfg.float_activations:
+            self.plan.skipped[node.name] = (
+                "symmetric activations: Relu/Clip runs in float (ORT's QOperator rule)"
+            )
+            return
         elif (
             op in _NEEDS_QUANTIZED_INPUT or (op in _REMOVABLE_ACTIVATIONS and not self.cfg.fuse_activations)
         ) and not self._input_quantized(node, _NEEDS_QUANTIZED_INPUT.get(op, 0)):
@@ -324,6 +335,9 @@ class _Annotator:
             return
         elif op in LATENT_OPS or op == "Pad":
             src = ins[0]
+            if op == "MaxPool" and self._act_spec(node).dtype.is_float:
+                self.plan.skipped[node.name] = "MaxPool stays float with float8 types (ORT's rule)"
+                return
             if src is None or (
                 src.name not in self.plan.tensors and not self.cfg.force_quantize_no_input_check
             ):

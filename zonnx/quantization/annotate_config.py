@@ -6,7 +6,8 @@
 - Per-node and per-op-type overrides (config files) become per-node specs; excluded nodes include
   those outside vai_q_onnx's input_nodes/output_nodes.
 - ORT's activation rules: a removable Relu/Clip is removed with asymmetric activations and no target
-  (not for bfloat16 or power of two); with a target (or power of two) Relu/Clip after a linear op fuse.
+  (not for bfloat16 or power of two); with symmetric ones it stays between two quantized tensors (QDQ)
+  or runs in float (QOperator); with a target (or power of two) Relu/Clip after a linear op fuse.
 """
 
 from __future__ import annotations
@@ -99,9 +100,13 @@ def annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
         and cfg.activation_type != "bfloat16"  # a Cast pair does not clip
         and not extra.target
         and extra.quant_placement == "ort",
-        # symmetric activations keep zonnx's fusion (the Relu/Clip input stays float): the NPU backends'
-        # lowering expects it; ORT's own layout (both sides quantized) is listed in docs/conformance.md
-        fuse_activations=bool(extra.target) or cfg.power_of_two or extra.activation_symmetric,
+        # a target (or power of two) fuses Relu/Clip into the op before; without one, symmetric
+        # activations take ORT's layout: the Relu/Clip stays, its input and output quantized (QDQ)
+        fuse_activations=bool(extra.target) or cfg.power_of_two,
+        float_activations=cfg.quant_format == QuantFormat.QOperator
+        and extra.activation_symmetric
+        and not extra.target
+        and not cfg.power_of_two,
     )
 
 

@@ -20,7 +20,7 @@ from zonnx.ir.io import default_opset, save_model, to_ir, to_proto
 from zonnx.ir.large import copy_model
 from zonnx.quantization.annotate import annotate
 from zonnx.quantization.annotate_config import annotate_config
-from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
+from zonnx.quantization.config import QuantConfig, check_float8, resolve_format, resolve_method, resolve_type
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
 from zonnx.quantization.formats.typed_params import store_qparams_typed
 from zonnx.quantization.holdout import HoldOutReader
@@ -107,7 +107,7 @@ def build_config(
             "IncludeFastFT: fast finetune rewrites weights behind DequantizeLinear/FixNeuron nodes and "
             "QOperator models have none; use quant_format QDQ (or a Vitis format)."
         )
-    return QuantConfig(
+    cfg = QuantConfig(
         quant_format=fmt,
         activation_type=act,
         weight_type=wt,
@@ -123,6 +123,8 @@ def build_config(
         use_external_data_format=bool(use_external_data_format),
         extra=extra,
     )
+    check_float8(cfg)
+    return cfg
 
 
 def _name_nodes(model: ir.Model) -> None:

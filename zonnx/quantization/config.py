@@ -17,10 +17,18 @@ per-op-type and per-node overrides that win over the global ones::
 
 from __future__ import annotations
 
-__all__ = ["QuantConfig", "resolve_format", "resolve_method", "resolve_type", "load_config_file"]
+__all__ = [
+    "QuantConfig",
+    "resolve_format",
+    "resolve_method",
+    "resolve_type",
+    "load_config_file",
+    "check_float8",
+]
 
 import dataclasses
 import json
+import logging
 import tomllib
 from collections.abc import Mapping
 from enum import Enum
@@ -42,6 +50,8 @@ from zonnx.quantization.enums import (
 )
 from zonnx.quantization.options import ExtraOptions
 
+logger = logging.getLogger(__name__)
+
 _QT_NAMES = {
     QuantType.QInt8: "int8",
     QuantType.QUInt8: "uint8",
@@ -50,6 +60,7 @@ _QT_NAMES = {
     QuantType.QInt4: "int4",
     QuantType.QUInt4: "uint4",
     ZonnxQuantType.BFloat16: "bfloat16",
+    QuantType.QFLOAT8E4M3FN: "float8e4m3fn",
 }
 
 
@@ -83,10 +94,17 @@ def resolve_method(value: Any, what: str = "calibrate_method") -> Enum:
 
 
 #: ``onnx.TensorProto`` element types ORT's call also takes for activation_type / weight_type.
-_TENSORPROTO_TYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 21: "uint4", 22: "int4"}
+_TENSORPROTO_TYPES = {
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    21: "uint4",
+    22: "int4",
+    17: "float8e4m3fn",
+}
 #: Types ORT quantizes to that zonnx refuses (with the reason).
-_UNSUPPORTED_TYPES = {"QFLOAT8E4M3FN": "float8 (E4M3FN) quantization is not implemented by zonnx", 17: "float8 "
-                      "(E4M3FN) quantization is not implemented by zonnx"}  # fmt: skip
+_UNSUPPORTED_TYPES: dict[Any, str] = {}
 
 
 def resolve_type(value: Any, what: str) -> str:
@@ -150,6 +168,10 @@ class QuantConfig:
             ("uint8", "int8"),
             ("int8", "int8"),
             ("uint8", "uint8"),
+            (
+                "float8e4m3fn",
+                "float8e4m3fn",
+            ),  # no float8 integer kernel: ops stay DQ -> op -> Q (check_float8)
         }:
             raise OptionError(
                 f"QuantFormat.QOperator supports 8-bit types only (got activations {self.activation_type}, "
@@ -207,3 +229,48 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                         f"Known keys: {', '.join(sorted(_OVERRIDE_KEYS))}."
                     )
     return data
+
+
+def check_float8(cfg: QuantConfig) -> None:
+    """ORT's float8 rules: activations and weights both E4M3FN, calibrated with Distribution; zonnx adds
+    what it does not implement for float8 (per-channel, reduce_range, targets, power-of-two formats)."""
+    if cfg.extra.calib_scenario not in ("same", "p3"):
+        raise OptionError(f"extra_options['scenario'] = {cfg.extra.calib_scenario!r}: use 'same' or 'p3'.")
+    if cfg.extra.calib_scenario != "same":
+        logger.warning(
+            "extra_options['scenario'] = %r: ORT's quantize_static does not pass this key to its calibrator, "
+            "so float8 scales come from the 'same' scenario there and here as well.",
+            cfg.extra.calib_scenario,
+        )
+    types = (cfg.activation_type, cfg.weight_type)
+    if "float8e4m3fn" not in types:
+        return
+    if types != ("float8e4m3fn", "float8e4m3fn"):
+        raise OptionError(
+            f"activation_type {types[0]} with weight_type {types[1]}: float8 needs both to be "
+            "QuantType.QFLOAT8E4M3FN (ORT's rule)."
+        )
+    if cfg.calibrate_method is not CalibrationMethod.Distribution:
+        raise OptionError(
+            "float8 types are calibrated with calibrate_method=CalibrationMethod.Distribution only (ORT's rule)."
+        )
+    if not isinstance(cfg.quant_format, QuantFormat):
+        raise OptionError(f"float8 types: use quant_format QuantFormat.QDQ (got {cfg.quant_format}).")
+    logger.warning(
+        "float8 model: ONNX Runtime's CPU provider fuses DequantizeLinear -> MatMul -> QuantizeLinear into "
+        "QLinearMatMul, which has no float8 kernel, so the model loads there only with graph optimizations "
+        "off (SessionOptions.graph_optimization_level = ORT_DISABLE_ALL); ORT's own float8 model does the same."
+    )
+    if cfg.quant_format == QuantFormat.QOperator:
+        logger.warning(
+            "QuantFormat.QOperator with float8 types: ONNX Runtime's CPU provider has no float8 operator "
+            "kernels, so the quantized ops are written as DequantizeLinear -> op -> QuantizeLinear."
+        )
+    for flag, why in (
+        (cfg.per_channel, "per_channel=True"),
+        (cfg.reduce_range, "reduce_range=True"),
+        (bool(cfg.extra.target), "a Target"),
+        (bool(cfg.extra.block_size), "BlockSize"),
+    ):
+        if flag:
+            raise OptionError(f"float8 types: {why} is not supported with float8; remove it.")

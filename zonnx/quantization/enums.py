@@ -82,4 +82,5 @@ TYPE_NAMES = {
     "int4": QuantType.QInt4,
     "uint4": QuantType.QUInt4,
     "bfloat16": ZonnxQuantType.BFloat16,
+    "float8e4m3fn": QuantType.QFLOAT8E4M3FN,
 }

@@ -27,20 +27,24 @@ import onnx_ir as ir
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration import pof2
 from zonnx.quantization.calibration.collector import collect
-from zonnx.quantization.calibration.methods import compute_range, method_name
-from zonnx.quantization.calibration.stats import GridHistogram, TensorStats
+from zonnx.quantization.calibration.methods import compute_range, distribution_std, method_name
+from zonnx.quantization.calibration.stats import DEFAULT_BINS, GridHistogram, TensorStats
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
 from zonnx.quantization.schemes import (
     QuantParams,
     bias_params,
     fit_weight_to_bias,
+    float8_params,
     params_from_range,
     pof2_params,
     weight_params,
 )
 
 logger = logging.getLogger(__name__)
+
+#: ORT's histogram size for Entropy (its ``num_bins`` default; CalibNumBins sets it).
+ORT_ENTROPY_BINS = 128
 
 
 def activation_method(cfg: QuantConfig) -> str:
@@ -58,6 +62,7 @@ def _method_options(cfg: QuantConfig, name: str) -> dict[str, Any]:
         opts["percentile"] = extra.calib_percentile
     elif name == "entropy":
         opts["num_quantized_bins"] = extra.calib_num_quantized_bins
+        opts["num_bins"] = extra.calib_num_bins or ORT_ENTROPY_BINS
     elif name == "nstd":
         opts["n"] = extra.calib_nstd
     if extra.activation_symmetric or extra.calib_tensor_range_symmetric or cfg.power_of_two:
@@ -174,7 +179,7 @@ def calibrate_plan(
             methods_needed=[name],
             providers=providers or ("CPUExecutionProvider",),
             progress=progress,
-            bins=cfg.extra.calib_num_bins,
+            bins=cfg.extra.calib_num_bins or DEFAULT_BINS,
             hist_sample=cfg.extra.calib_histogram_sample,
             averaging_constant=cfg.extra.calib_moving_average_constant,
             momentum=cfg.extra.calib_momentum,
@@ -220,6 +225,11 @@ def calibrate_plan(
             if span is not None:
                 pos = max(pos, _span_pos(member_stats, span))
             params = pof2_params(pos, spec)
+        elif spec.dtype.is_float and not any(tp.fixed_range for tp in members):
+            # float8 (ORT's Distribution): the scale matches the widest member's spread to float8's;
+            # ORT's quantize_static always calibrates the "same" scenario (config.check_float8)
+            spread = max(distribution_std(s, "same") for _, s in member_stats)
+            params = float8_params(spread, spec)
         else:
             ranges = [tp.fixed_range or _range(s, tp, cfg, name) for tp, s in member_stats]
             lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
@@ -295,6 +305,8 @@ def _weight_params(tp: TensorPlan, w: np.ndarray, cfg: QuantConfig) -> QuantPara
         return blocked_params(tp.name, w, spec, cfg.extra.block_size)
     if spec.power_of_two:
         return pof2_params(pof2.weight_diffs_pos(w, qmin, qmax), spec)
+    if spec.dtype.is_float:  # ORT: a float8 weight's scale matches its spread to float8's
+        return float8_params(float(np.std(w, dtype=np.float64)), spec)
     method = cfg.weight_method
     if method == "minmax":
         return weight_params(w, spec)
@@ -303,7 +315,7 @@ def _weight_params(tp: TensorPlan, w: np.ndarray, cfg: QuantConfig) -> QuantPara
             f"WeightCalibrateMethod {method!r} works per tensor; use per_channel=False or 'minmax'."
         )
     lo, hi = compute_range(
-        _weight_stats(tp.name, w, cfg.extra.calib_num_bins),
+        _weight_stats(tp.name, w, cfg.extra.calib_num_bins or DEFAULT_BINS),
         method,
         qmin=qmin,
         qmax=qmax,
@@ -327,6 +339,8 @@ def weight_and_bias_params(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -
         x, w = (plan.tensors.get(n) for n in tp.bias_of)
         if x is None or w is None or x.params is None or w.params is None:
             continue  # the input stayed float: the bias stays float too
+        if x.params.dtype.is_float or w.params.dtype.is_float:
+            continue  # float8 kernels take a float bias (ORT keeps it float too)
         if cfg.power_of_two:
             b = np.asarray(inits[tp.name].const_value.numpy(), dtype=np.float32)
             qmin, qmax = tp.spec.qrange()

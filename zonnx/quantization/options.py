@@ -103,7 +103,10 @@ class ExtraOptions:
     block_size: int = 0
     # zonnx keys
     weight_calibrate_method: str = "minmax"
-    calib_num_bins: int = 2048
+    # ORT's Distribution scenario key; ORT's quantize_static never applies it ("same"): checked and warned
+    calib_scenario: str = "same"
+    # histogram bins; None = the method's ORT default (Entropy 128 over [-t, t], else 2048)
+    calib_num_bins: int | None = None
     calib_num_quantized_bins: int = 128
     # values per tensor and batch counted in histograms (a strided in-graph sample); None counts all
     calib_histogram_sample: int | None = 16384
@@ -175,6 +178,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "BlockSize": ("block_size", int),
     "WeightCalibrateMethod": ("weight_calibrate_method", str),
     "CalibNumBins": ("calib_num_bins", int),
+    "scenario": ("calib_scenario", str),
     "CalibNumQuantizedBins": ("calib_num_quantized_bins", int),
     "CalibHistogramSample": ("calib_histogram_sample", (int, type(None))),
     "CalibNStd": ("calib_nstd", (int, float)),
@@ -222,6 +226,8 @@ _ACCEPTED_NOOP = {
 _UNSUPPORTED: dict[str, str] = {}
 
 
+#: Histogram bins collected when CalibNumBins is not given (Entropy then searches ORT's 128 over [-t, t]).
+DEFAULT_NUM_BINS = 2048
 #: Largest histogram accepted for CalibNumBins (its memory is per calibrated tensor).
 MAX_BINS = 1 << 16
 #: Most samples kept in memory for the per-layer report.
@@ -257,11 +263,13 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
             )
         values["fast_finetune"] = parse_fast_finetune(values["fast_finetune"])
     opts = ExtraOptions(**values)
-    if not 16 <= opts.calib_num_bins <= MAX_BINS:  # bounded: histograms are kept per tensor
+    if (
+        opts.calib_num_bins is not None and not 16 <= opts.calib_num_bins <= MAX_BINS
+    ):  # bounded: histograms are kept per tensor
         raise OptionError(
             f"extra_options['CalibNumBins'] = {opts.calib_num_bins}: use 16 to {MAX_BINS} bins."
         )
-    if not 1 <= opts.calib_num_quantized_bins <= opts.calib_num_bins:
+    if not 1 <= opts.calib_num_quantized_bins <= (opts.calib_num_bins or DEFAULT_NUM_BINS):
         raise OptionError(
             f"extra_options['CalibNumQuantizedBins'] = {opts.calib_num_quantized_bins}: must be from 1 to "
             f"CalibNumBins ({opts.calib_num_bins})."

@@ -16,6 +16,11 @@ Conventions (ORT's, which QDQ consumers expect; the Compass and TPU-MLIR documen
 - ``reduce_range`` (ORT): 8-bit grids [-64, 64] (signed) and [0, 127] (unsigned); 16-bit and 4-bit
   alike (``_REDUCED_RANGES``); the reduced grid sets the scale and zero point, while codes saturate at
   the type's own ends, so a value that rounds one step past the grid keeps it (ORT's rule).
+- float8 E4M3FN (ORT's ``QFLOAT8E4M3FN``): zero point 0.0, ``scale = std / std_f8`` where ``std`` is
+  the spread of the tensor (``calibration.methods.distribution_std``; a weight's ``np.std``) and
+  ``std_f8`` that of every finite E4M3FN value (ORT's rule: both spreads are matched); codes are
+  ``x / scale`` rounded to the nearest E4M3FN value (half to even), saturated at +-448. A tensor with a
+  range but no spread (a fixed range) maps ``max |x|`` onto 448.
 - ActivationRestrictedAsymmetric (ORT, uint8 activations): zero point qmin when rmin >= 0, else the
   middle code m = (qmin + qmax + 1) // 2 with ``scale = max(-rmin / (m - qmin), rmax / (qmax - m))``.
 """
@@ -28,6 +33,8 @@ __all__ = [
     "QuantParams",
     "qdtype",
     "params_from_range",
+    "float8_params",
+    "FLOAT8_MAX",
     "weight_params",
     "bias_params",
     "fit_weight_to_bias",
@@ -39,6 +46,7 @@ __all__ = [
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -53,8 +61,15 @@ class QDType:
     bits: int
     signed: bool
 
+    @property
+    def is_float(self) -> bool:
+        """A float8 type: codes are float values, the zero point is 0.0."""
+        return self.name.startswith("float8")
+
     def qrange(self, restricted: bool = False) -> tuple[int, int]:
-        """[qmin, qmax]; restricted (narrow) signed ranges drop the most negative code."""
+        """[qmin, qmax]; restricted (narrow) signed ranges drop the most negative code; float8: +-448."""
+        if self.is_float:
+            return -FLOAT8_MAX, FLOAT8_MAX
         if self.signed:
             lo, hi = -(2 ** (self.bits - 1)), 2 ** (self.bits - 1) - 1
             return (lo + 1 if restricted else lo), hi
@@ -70,16 +85,21 @@ class QDType:
             "int4": onnx.TensorProto.INT4,
             "uint4": onnx.TensorProto.UINT4,
             "int32": onnx.TensorProto.INT32,
+            "float8e4m3fn": onnx.TensorProto.FLOAT8E4M3FN,
         }[self.name]
 
     @property
     def np_dtype(self) -> np.dtype:
         """numpy dtype used to hold codes (int4 codes are held in int8, uint4 in uint8)."""
+        if self.is_float:
+            return np.dtype(ml_dtypes.float8_e4m3fn)
         return np.dtype({"int4": "int8", "uint4": "uint8"}.get(self.name, self.name))
 
     @property
     def min_opset(self) -> int:
         """First default-domain opset whose QuantizeLinear accepts this type."""
+        if self.is_float:
+            return 19
         return 21 if self.bits in (4, 16) else 13 if self.name == "int32" else 10
 
 
@@ -93,6 +113,7 @@ _QDTYPES = {
         QDType("int4", 4, True),
         QDType("uint4", 4, False),
         QDType("int32", 32, True),
+        QDType("float8e4m3fn", 8, True),
     ]
 }
 
@@ -186,6 +207,11 @@ def params_from_range(
     """Scale and zero point for the range [rmin, rmax] (arrays for per-channel), per the module rules."""
     rmin = np.minimum(np.asarray(rmin, dtype=np.float64), 0.0)
     rmax = np.maximum(np.asarray(rmax, dtype=np.float64), 0.0)
+    if spec.dtype.is_float:  # a range without a spread: max |x| onto the largest float8 value
+        absmax = np.maximum(np.abs(rmin), np.abs(rmax))
+        scale = np.where(absmax > 0, absmax / FLOAT8_MAX, 1.0).astype(np.float32)
+        zp = np.zeros(scale.shape, dtype=spec.dtype.np_dtype)
+        return QuantParams(scale, zp, spec.dtype, axis, None, -FLOAT8_MAX, FLOAT8_MAX)
     if spec.min_real_range is not None:
         rmax = np.maximum(rmax, rmin + spec.min_real_range)
     qmin, qmax = spec.qrange()
@@ -211,6 +237,25 @@ def params_from_range(
     return QuantParams(
         scale.astype(np.float32), zp.astype(spec.dtype.np_dtype), spec.dtype, axis, None, qmin, qmax
     )
+
+
+#: Largest finite float8 E4M3FN value; codes saturate there (QuantizeLinear's saturate=1).
+FLOAT8_MAX = 448
+
+
+def _float8_spread() -> float:
+    """Standard deviation of every finite float8 E4M3FN value (ORT's reference spread)."""
+    values = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return float(np.std(values[np.isfinite(values)]))
+
+
+def float8_params(std: float, spec: QuantSpec) -> QuantParams:
+    """float8 parameters from a tensor's spread: ``scale = std / std_f8``, zero point 0.0 (ORT's rule);
+    a zero spread gives scale 1."""
+    scale = float(std) / _float8_spread() if std > 0 else 1.0
+    qmin, qmax = spec.dtype.qrange()
+    zp = np.zeros((), dtype=spec.dtype.np_dtype)
+    return QuantParams(np.asarray(scale, np.float32), zp, spec.dtype, None, None, qmin, qmax)
 
 
 def _snapped_params(rmin: float, rmax: float, spec: QuantSpec, qmin: int, qmax: int) -> QuantParams:
@@ -294,6 +339,9 @@ def _expand(p: np.ndarray, params: QuantParams, x: np.ndarray) -> np.ndarray:
 def quantize(x: np.ndarray, params: QuantParams) -> np.ndarray:
     """Codes as QuantizeLinear computes them: round half to even of x / scale, plus zero point, saturated."""
     scale = _expand(params.scale.astype(np.float32), params, np.asarray(x))
+    if params.dtype.is_float:  # zero point 0.0; round to the nearest float8 value, saturate at +-448
+        y = np.clip(np.asarray(x, np.float32) / scale, -FLOAT8_MAX, FLOAT8_MAX)
+        return y.astype(params.dtype.np_dtype)
     zp = _expand(params.zero_point.astype(np.int64), params, np.asarray(x))
     q = np.rint(np.asarray(x, np.float32) / scale).astype(np.int64) + zp
     return np.clip(q, params.qmin, params.qmax).astype(params.dtype.np_dtype)
@@ -302,5 +350,7 @@ def quantize(x: np.ndarray, params: QuantParams) -> np.ndarray:
 def dequantize(q: np.ndarray, params: QuantParams) -> np.ndarray:
     """(q - zero_point) * scale in float32."""
     scale = _expand(params.scale.astype(np.float32), params, q)
+    if params.dtype.is_float:
+        return (q.astype(np.float32) * scale).astype(np.float32)
     zp = _expand(params.zero_point.astype(np.int64), params, q)
     return ((q.astype(np.int64) - zp).astype(np.float32) * scale).astype(np.float32)

@@ -61,7 +61,7 @@ def write_model(model: ir.Model, plan: QuantPlan, cfg: QuantConfig) -> tuple[Cou
     if cfg.quant_format == QuantFormat.QOperator:
         from zonnx.quantization.formats.qoperator import qdq_to_qoperator
 
-        counts.update(qdq_to_qoperator(model))
+        counts.update(qdq_to_qoperator(model, float_activations=cfg.extra.activation_symmetric))
     if contrib:
         _to_contrib_domain(model)
     return counts, default_opset(model)

@@ -8,7 +8,13 @@ methods that model the quantization error (MSE, and the power-of-two ones in ``p
 
 Method names (``METHODS``) and the statistics each needs (``requirements``):
 ``minmax``, ``movingaverage``, ``mean`` (Compass), ``nonoverflow``: extrema only;
-``nstd``: moments; ``entropy``, ``percentile``, ``mse``, ``kld``, ``minmse``: the histogram.
+``nstd``: moments; ``entropy``, ``percentile``, ``mse``, ``kld``, ``minmse``: the histogram;
+``distribution`` (ORT's ``CalibrationMethod.Distribution``): moments and the histogram.
+
+Distribution (ORT): the range is the histogram's symmetric span ``(-t, t)``, ``t = max |x|``; for
+float8 types the scale comes instead from the spread of the data, ``scale = std / std_f8`` where
+``std_f8`` is the standard deviation of every finite value of the float8 type (``distribution_std``
+gives ``std``: of ``x`` for scenario "same", of ``sign(x) |x|^(1/3)`` for "p3").
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ __all__ = [
     "kld",
     "tune_candidates",
     "compute_range",
+    "distribution",
+    "distribution_std",
 ]
 
 import logging
@@ -58,6 +66,7 @@ METHODS: dict[str, frozenset[str]] = {
     "mse": frozenset({"extrema", "histogram"}),
     "kld": frozenset({"extrema", "histogram"}),
     "minmse": frozenset({"extrema", "histogram"}),
+    "distribution": frozenset({"extrema", "moments", "histogram"}),
 }
 
 
@@ -73,11 +82,6 @@ def method_name(method: str | Enum) -> str:
         else:
             raise OptionError(f"calibration method {method} is not supported by the zonnx calibrator.")
     key = str(method).lower().replace("_", "").replace("-", "")
-    if key == "distribution":
-        raise OptionError(
-            "calibrate_method CalibrationMethod.Distribution (ORT's float8 calibration) is not implemented by "
-            "zonnx; use MinMax, Entropy or Percentile."
-        )
     if key not in METHODS:
         raise OptionError(
             f"unknown calibration method {method!r}.{did_you_mean(key, METHODS)} Known: {', '.join(METHODS)}."
@@ -188,15 +192,38 @@ def percentile(stats: TensorStats, *, symmetric: bool = True, percentile: float 
     return lo, hi
 
 
-def entropy(stats: TensorStats, *, symmetric: bool = False, num_quantized_bins: int = 128, **_: Any) -> Range:
+def _ort_layout(
+    counts: np.ndarray, edges: np.ndarray, t: float, num_bins: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The histogram re-binned to ORT's entropy layout: ``num_bins`` equal bins over ``[-t, t]`` (counts
+    split linearly inside a source bin; the cumulative counts are rounded, so the total is kept)."""
+    new_edges = np.linspace(-t, t, num_bins + 1)
+    cum = np.concatenate([[0.0], np.cumsum(counts, dtype=np.float64)])
+    at = np.rint(np.interp(new_edges, edges, cum)).astype(np.int64)
+    at[0], at[-1] = 0, int(cum[-1])
+    return np.diff(at), new_edges
+
+
+def entropy(
+    stats: TensorStats,
+    *,
+    symmetric: bool = False,
+    num_quantized_bins: int = 128,
+    num_bins: int | None = None,
+    **_: Any,
+) -> Range:
     """ORT's Entropy (KL divergence) on the histogram laid out symmetrically, clipped to [min, max].
 
-    zonnx collects 2048 bins by default; ORT's own default for Entropy is 128 bins, with which its
-    search has a single candidate (the full range) and the result is plain MinMax. The search runs
-    over every candidate, vectorized (``kl.ort_entropy_threshold``).
+    ``num_bins``: ORT's histogram, that many bins over ``[-t, t]`` (``t = max |x|``; ORT's default for
+    Entropy is 128, which with 128 quantized bins leaves a single candidate, the full range, so the
+    result is ``[min, max]``); the collected histogram is re-binned to it. ``None`` searches the
+    collected bins as they are. The search runs over every candidate, vectorized
+    (``kl.ort_entropy_threshold``).
     """
     _check(stats, "histogram")
     counts, edges = stats.hist.symmetric()
+    if num_bins is not None and stats.abs_max > 0:
+        counts, edges = _ort_layout(counts, edges, stats.abs_max, max(int(num_bins), num_quantized_bins))
     if counts.size < num_quantized_bins:  # few, wide bins (constant data): pad with empty bins
         pad = (num_quantized_bins - counts.size) // 2 + 1
         w = edges[1] - edges[0]
@@ -206,6 +233,40 @@ def entropy(stats: TensorStats, *, symmetric: bool = False, num_quantized_bins: 
         )
     lo, hi = kl.ort_entropy_threshold(counts, edges, stats.min, stats.max, num_quantized_bins)
     return _sym(lo, hi, symmetric)
+
+
+def distribution(stats: TensorStats, **_: Any) -> Range:
+    """ORT's Distribution range for integer types: the symmetric span ``(-t, t)`` of its histogram,
+    ``t = max |x|`` (always symmetric; float8 types use ``distribution_std`` instead)."""
+    _check(stats)
+    t = stats.abs_max
+    return -t, t
+
+
+#: ORT's histogram size for Distribution (its ``num_bins`` default).
+ORT_DISTRIBUTION_BINS = 2048
+#: ORT's Distribution scenarios: "same" (the data spreads like float8 values), "p3" (like a cube).
+SCENARIOS = ("same", "p3")
+
+
+def distribution_std(stats: TensorStats, scenario: str = "same") -> float:
+    """The spread ORT's Distribution matches to the float8 grid: the standard deviation of ``x``
+    ("same", from the exact moments) or of ``sign(x) |x|^(1/3)`` ("p3", from the bin centers of the
+    histogram re-binned to ORT's 2048 bins over ``[-max|x|, max|x|]``, as ORT computes it)."""
+    if scenario not in SCENARIOS:
+        raise OptionError(f"extra_options['scenario'] = {scenario!r}: use one of {', '.join(SCENARIOS)}.")
+    if scenario == "same":
+        _check(stats, "moments")
+        return float(stats.std)
+    _check(stats, "histogram")
+    counts, edges = stats.hist.symmetric()
+    if stats.abs_max > 0:  # ORT's layout: 2048 bins over [-max|x|, max|x|]
+        counts, edges = _ort_layout(counts, edges, stats.abs_max, ORT_DISTRIBUTION_BINS)
+    n = counts.astype(np.float64)
+    c = (edges[:-1] + edges[1:]) / 2
+    v = np.sign(c) * np.abs(c) ** (1.0 / 3.0)
+    mean = float((n * v).sum() / n.sum())
+    return float(np.sqrt((n * (v - mean) ** 2).sum() / n.sum()))
 
 
 def _mse_symmetric(stats: TensorStats, qmin: int, qmax: int) -> Range:
@@ -315,6 +376,7 @@ _DISPATCH: dict[str, Callable[..., Range]] = {
     "entropy": entropy,
     "mse": mse,
     "kld": kld,
+    "distribution": distribution,
 }
 
 

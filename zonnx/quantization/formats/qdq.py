@@ -40,6 +40,7 @@ _IR_TYPES = {
     "int4": ir.DataType.INT4,
     "uint4": ir.DataType.UINT4,
     "int32": ir.DataType.INT32,
+    "float8e4m3fn": ir.DataType.FLOAT8E4M3FN,
 }
 
 

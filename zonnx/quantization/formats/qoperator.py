@@ -16,7 +16,8 @@ output's codes; Q/DQ/Constant nodes and initializers left unused are removed aft
 - Relu/Clip, fused or alone between equal parameters: Q is monotone, so Q(clip(x, lo, hi)) =
   clip(Q(x), Q(lo), Q(hi)) (Relu: lo = 0). A bound with Q(lo) <= qmin or Q(hi) >= qmax is the
   saturation already and is dropped (a Relu whose zero point is qmin costs nothing); a remaining
-  bound is a Clip on the codes.
+  bound is a Clip on the codes. With symmetric activations (``float_activations``) a Relu/Clip of
+  its own stays float between DQ and Q, as ORT writes it.
 - Latent ops (MaxPool, Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Identity, Resize nearest,
   Slice, Gather, Split, Pad): with equal input and output parameters Q(f(DQ(q))) = f(q), because f
   only moves or selects values (max commutes with a monotone map), so f runs on the codes; Pad's
@@ -142,8 +143,9 @@ def _dq(value: ir.Value | None) -> tuple[ir.Node, _QP] | None:
 class _Converter:
     """One conversion run over a model's main graph."""
 
-    def __init__(self, model: ir.Model) -> None:
+    def __init__(self, model: ir.Model, float_activations: bool = False) -> None:
         self.model, self.graph = model, model.graph
+        self.float_activations = float_activations
         self.opset = default_opset(model)
         self.index = ValueIndex(self.graph)
         self.counts = QOperatorCounts()
@@ -297,6 +299,8 @@ class _Converter:
             return "input and output quantization parameters differ"
         if any(_dq(v) is not None for v in node.inputs[1:]):
             return "only input 0 may be quantized"
+        if op in _ACTS and self.float_activations:
+            return "symmetric activations: a Relu/Clip of its own runs in float between DQ and Q (ORT's rule)"
         if op in _ACTS:
             bounds = self.clip_bounds(node, out)
             return bounds if isinstance(bounds, str) else [self.apply_clip(dq.inputs[0], node, bounds, out)]
@@ -433,13 +437,16 @@ class _Converter:
                 self.graph.initializers.pop(name)
 
 
-def qdq_to_qoperator(model: ir.Model) -> QOperatorCounts:
+def qdq_to_qoperator(model: ir.Model, *, float_activations: bool = False) -> QOperatorCounts:
     """Rewrite every convertible QDQ group of ``model`` in place into ONNX Runtime integer operators.
+
+    ``float_activations``: a Relu/Clip that is not fused into the op before it stays ``DQ -> op -> Q``
+    even between equal parameters (ORT's QOperator rule when activations are symmetric).
 
     Returns the created op types counted (a Counter, so ``counts.update(...)`` merges it) with
     ``misses``: why each remaining group stays DQ -> op -> Q. The rules are in the module docstring.
     """
-    conv = _Converter(model)
+    conv = _Converter(model, float_activations)
     for node in list(model.graph):
         if node.graph is None or node.op_type in _PLUMBING or node.domain not in ("", "ai.onnx"):
             continue
