@@ -69,6 +69,7 @@ from .ort_native import (
     emit_im2col,
     emit_native_requant,
     emit_qconv,
+    emit_qdwconv,
     is_depthwise,
     native_plane_terms,
     native_requant_attrs,
@@ -213,9 +214,17 @@ class _Lowerer(CodeOps):
         wm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o))
         zs = int(a["pad_value"]) + x.st.offset
         if a["group"] != 1:  # depthwise (_wants_nhwc): DwConv sums (x - zs) w, the pad code adds 0
-            acc = emit_dwconv(self.b, x.name, w, a["strides"], a["pads"], a["dilations"], zs)
             xm = kh * kw * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
             const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+            rq = self._rq_attrs(op, Term("", m, xm), const, ost)
+            fused = (
+                None
+                if rq is None
+                else emit_qdwconv(self.b, x.name, w, a["strides"], a["pads"], a["dilations"], zs, rq)
+            )
+            if fused is not None:
+                return fused
+            acc = emit_dwconv(self.b, x.name, w, a["strides"], a["pads"], a["dilations"], zs)
             return self._req(op, [Term(acc, m, xm)], const, ost, (-1,))
         geo = (list(w.shape[2:]), a["strides"], a["pads"], a["dilations"], zs)
         pointwise = (kh, kw) == (1, 1) and list(a["strides"]) == [1, 1] and not any(a["pads"])
@@ -245,10 +254,15 @@ class _Lowerer(CodeOps):
         self, op: Op, x: _Val, wm: np.ndarray, geo: tuple, term: Term, const: object, ost: Storage
     ) -> str | None:
         """The whole conv as one native ``QConv`` (uint8 output, one int64 requantization term), else None."""
+        rq = self._rq_attrs(op, term, const, ost)
+        return None if rq is None else emit_qconv(self.b, x.name, wm, *geo, rq)
+
+    def _rq_attrs(self, op: Op, term: Term, const: object, ost: Storage) -> dict | None:
+        """The one-term uint8 requantization attributes of a fused native conv, else None."""
         if np.dtype(ost.dtype) != np.uint8:
             return None
         a = op.attrs
-        rq = native_requant_attrs(
+        return native_requant_attrs(
             [term],
             np.asarray(const, dtype=object),
             op.params["shift"],
@@ -260,7 +274,6 @@ class _Lowerer(CodeOps):
             (-1,),
             where=op.name,
         )
-        return None if rq is None else emit_qconv(self.b, x.name, wm, *geo, rq)
 
     # -- linear ops ------------------------------------------------------------------------------
     def _conv(self, op: Op, args: list[_Val], ost: Storage, oinfo: TensorInfo) -> str:

@@ -21,6 +21,8 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
   must be an initializer (packed once when ORT creates the kernel).
 - ``DwConv``: depthwise convolution of an NHWC uint8 tensor with int8 weights (attribute, ``[C, kh, kw]``),
   ``sum (x - zp) w`` in int32 (exact: ``kh kw 255 128 < 2^31``), positions outside the input adding 0.
+- ``QDwConv``: ``DwConv``'s sums requantized by RequantU8's one-term rule in the same kernel (uint8 out; the
+  clamp ``[lo, hi]`` carries a fused ReLU/ReLU6), each output row's sums kept in cache: no int32 tensor.
 
 So an 8-bit convolution is one ``QConv`` (or, when its requantization needs int128 products or an int32
 output, ``Im2col -> MatMulInteger -> RequantU8``) instead of Pad, one Slice per tap, Concat, MatMulInteger
@@ -39,6 +41,7 @@ __all__ = [
     "emit_im2col",
     "emit_byte_plane",
     "emit_dwconv",
+    "emit_qdwconv",
     "is_depthwise",
     "native_plane_terms",
     "native_matmul2_terms",
@@ -234,6 +237,44 @@ def emit_dwconv(
         pads=list(pads),
         dilations=list(dilations),
         x_zero_point=int(zp),
+        domain=NATIVE_DOMAIN,
+    )
+
+
+def emit_qdwconv(
+    b: Builder,
+    x: str,
+    w: np.ndarray,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    zp: int,
+    requant: dict,
+) -> str | None:
+    """One ``QDwConv`` (depthwise sums and their requantization in one kernel) for an NHWC uint8 tensor and
+    the one-term uint8 ``requant`` attributes of ``native_requant_attrs``; None when they do not fit it
+    (int128 products or several terms: ``DwConv`` and a ``Requant`` then run it)."""
+    if requant["terms"] != 1 or requant["wide"]:
+        return None
+    c = w.shape[0]
+    per = {k: list(requant[k]) for k in ("mult", "cnst", "shift")}
+    if any(len(v) not in (1, c) for v in per.values()):
+        return None
+    per = {k: v * c if len(v) == 1 else v for k, v in per.items()}
+    return b.op(
+        "QDwConv",
+        [x],
+        weights=[int(v) for v in w.reshape(-1)],
+        kernel=list(w.shape[2:]),
+        strides=list(strides),
+        pads=list(pads),
+        dilations=list(dilations),
+        x_zero_point=int(zp),
+        mode=requant["mode"],
+        zs=requant["zs"],
+        lo=requant["lo"],
+        hi=requant["hi"],
+        **per,
         domain=NATIVE_DOMAIN,
     )
 

@@ -29,6 +29,7 @@ from zonnx.backend.runtime.ort_native import (
     emit_im2col,
     emit_native_requant,
     emit_qconv,
+    emit_qdwconv,
     native_requant_attrs,
 )
 from zonnx.errors import OptionError
@@ -387,6 +388,64 @@ def test_qconv_matches_numpy(
         b = Builder("q")
         y = emit_qconv(b, "x", w, kernel, strides, pads, dil, zp, attrs)
         assert y is not None and [n.op_type for n in b.nodes] == ["QConv"]
+        sess = lowered_session(_model(b, y, [("x", TensorProto.UINT8, None)], TensorProto.UINT8), True)
+        got = sess.run(None, {"x": x})[0]
+        assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))
+
+
+@pytest.mark.parametrize("isa", ["host", "baseline"])
+@pytest.mark.parametrize(
+    ("c", "kernel", "stride", "pad", "dil"),
+    [(32, 3, 1, 1, 1), (96, 3, 2, 1, 1), (7, 3, 1, 2, 2), (144, 5, 1, 2, 1)],  # 96, 144: partial blocks
+)
+def test_qdwconv_matches_numpy(
+    c: int, kernel: int, stride: int, pad: int, dil: int, isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QDwConv (depthwise sums and their requantization in one kernel) == the numpy formula on every output,
+    for each rounding mode and a ReLU6-like clamp, on the host's path (AVX-512 VNNI here) and the portable one."""
+    if isa == "host":
+        monkeypatch.delenv(native.ISA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(native.ISA_ENV, isa)
+    rng = np.random.default_rng(c)
+    w = rng.integers(-128, 128, size=(c, 1, kernel, kernel))
+    w[0] = -128
+    x = rng.integers(0, 256, size=(2, 9, 8, c)).astype(np.uint8)
+    x[0, :2] = 255
+    zp = 37
+    xp = np.pad(x.astype(np.int64) - zp, [(0, 0), (pad, pad), (pad, pad), (0, 0)])
+    oh, ow = ((s + 2 * pad - dil * (kernel - 1) - 1) // stride + 1 for s in x.shape[1:3])
+    acc = sum(
+        xp[
+            :,
+            i * dil : i * dil + stride * (oh - 1) + 1 : stride,
+            j * dil : j * dil + stride * (ow - 1) + 1 : stride,
+        ]
+        * w[:, 0, i, j]
+        for i in range(kernel)
+        for j in range(kernel)
+    )
+    pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-4, 3e-2, c)]
+    m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
+    bias = rng.integers(-50000, 50000, size=c)
+    for mode, hi in zip(ROUND_MODES, [255, 200] * 4, strict=False):
+        want = requantize(acc + bias, m, s, mode, zero_point=3, lo=3, hi=hi)
+        term = Term("", m.astype(object), float(kernel * kernel * 255 * 128))
+        attrs = native_requant_attrs(
+            [term],
+            m.astype(object) * bias.astype(object),
+            s,
+            mode,
+            3,
+            3,
+            hi,
+            storage_of("uint8"),
+            (-1,),
+            where="t",
+        )
+        b = Builder("q")
+        y = emit_qdwconv(b, "x", w, [stride, stride], [pad] * 4, [dil, dil], zp, attrs)
+        assert y is not None and [n.op_type for n in b.nodes] == ["QDwConv"]
         sess = lowered_session(_model(b, y, [("x", TensorProto.UINT8, None)], TensorProto.UINT8), True)
         got = sess.run(None, {"x": x})[0]
         assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))

@@ -21,10 +21,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "rq_avx512.h"
 #include "zonnx_native.h"
 
-// GCC 12 warns inside its own AVX-512 intrinsics headers (_mm512_undefined_* as "maybe uninitialized").
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace zonnx_native {
 namespace {
@@ -34,8 +33,6 @@ constexpr int kLanes = 16;  // output channels per vector block
 constexpr int kNV = 4;      // vector blocks per panel: a panel is 64 output channels
 static_assert(kNV == 4, "mk_vnni names four accumulators per row");
 constexpr int kPanel = kLanes * kNV;
-
-enum Kind { kPlain, kParity, kSign };
 
 // The GEMM path: 2 = AVX-512 VNNI, 1 = AVX-VNNI (256-bit VEX), 0 = portable. $ZONNX_NATIVE_ISA = baseline
 // or avx-vnni caps it (tests of every path on one machine).
@@ -52,77 +49,6 @@ int select_isa() {
 // ---- micro-kernels: c[r][j] = sum_{q < kq} sum_{t < 4} a[r][4q + t] b[q][j][t], j < nv 16 --------------
 // b is one panel: for each k-quad q, 64 lanes x 4 bytes (lanes beyond the channels hold zero weights).
 
-// Requantization arguments of one panel (arrays padded to 64 channels) and one output row's destination.
-struct RqArgs {
-  const int32_t* zw;
-  const int64_t *m, *k, *s, *a, *b;
-  int64_t zs, lo, hi;
-  int nch;
-  const int32_t* m32;                  // the multipliers as int32 (when they all fit)
-  const int64_t *ke, *ko, *se, *so;    // k and s of the even / odd channels of each 16-channel group
-  const int64_t *ae, *ao, *be, *bo;    // a and b likewise
-};
-
-// rq16 for int32 multipliers without widening the accumulators: vpmuldq multiplies the even int32 lanes
-// (and, after a 32-bit shift, the odd ones) into int64 products; after the shift and the clamp to
-// [lo - zs, hi - zs] every value fits int32, so the even and odd results interleave back into 16 int32
-// lanes (clamp(v + zs, lo, hi) = clamp(v, lo - zs, hi - zs) + zs). The same integers as rq_loop.
-template <int KIND>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_32(
-    __m512i acc, const RqArgs& q, int j0, uint8_t* y) {
-  if (j0 >= q.nch) return;
-  const int g = j0 / 2;
-  const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
-  const __m512i m = _mm512_loadu_si512(q.m32 + j0);
-  const __m512i pe = _mm512_add_epi64(_mm512_mul_epi32(d, m), _mm512_loadu_si512(q.ke + g));
-  const __m512i po = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(d, 32), _mm512_srli_epi64(m, 32)),
-                                      _mm512_loadu_si512(q.ko + g));
-  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
-  __m512i te = _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
-  __m512i to = _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
-  if (KIND == kParity) {
-    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
-    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
-  }
-  if (KIND == kSign) {
-    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
-    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
-  }
-  const __m512i lo = _mm512_set1_epi64(q.lo - q.zs), hi = _mm512_set1_epi64(q.hi - q.zs);
-  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), lo), hi);
-  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), lo), hi);
-  __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
-  v = _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
-  const int left = q.nch - j0;
-  const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-  _mm512_mask_cvtepi32_storeu_epi8(y + j0, mask, v);
-}
-
-// RequantU8's single-shift int64 rule on 16 accumulators (channels j0 .. j0 + 15) in registers, stored as
-// bytes: the same integers as rq_loop, 8 int64 lanes at a time (M32: multipliers fit int32, vpmuldq).
-template <int KIND, bool M32>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16(
-    __m512i acc, const RqArgs& q, int j0, uint8_t* y) {
-  if (j0 >= q.nch) return;
-  const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
-  for (int h = 0; h < 2; ++h) {
-    const int j = j0 + 8 * h;
-    if (j >= q.nch) return;
-    const __m512i x = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(d, 1) : _mm512_castsi512_si256(d));
-    const __m512i m = _mm512_loadu_si512(q.m + j);
-    __m512i p = M32 ? _mm512_mul_epi32(x, m) : _mm512_mullo_epi64(x, m);
-    p = _mm512_add_epi64(p, _mm512_loadu_si512(q.k + j));
-    const __m512i sh = _mm512_loadu_si512(q.s + j);
-    __m512i t = _mm512_add_epi64(p, _mm512_loadu_si512(q.a + j));
-    if (KIND == kParity) t = _mm512_add_epi64(t, _mm512_and_si512(_mm512_srav_epi64(p, sh), _mm512_loadu_si512(q.b + j)));
-    if (KIND == kSign) t = _mm512_add_epi64(t, _mm512_and_si512(_mm512_srai_epi64(p, 63), _mm512_loadu_si512(q.b + j)));
-    __m512i v = _mm512_add_epi64(_mm512_srav_epi64(t, sh), _mm512_set1_epi64(q.zs));
-    v = _mm512_min_epi64(_mm512_max_epi64(v, _mm512_set1_epi64(q.lo)), _mm512_set1_epi64(q.hi));
-    const __mmask8 mask = j + 8 <= q.nch ? __mmask8(0xFF) : __mmask8((1u << (q.nch - j)) - 1);
-    _mm512_mask_cvtepi64_storeu_epi8(y + j, mask, v);
-  }
-}
-
 // Accumulators are named variables (GCC keeps them in registers; an array of vectors it spills).
 #define ZN_ACC(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
 #define ZN_ROW(r)                                                                  \
@@ -131,28 +57,30 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
     std::memcpy(&quad, a + r * lda + 4 * q, 4);                                    \
     const __m512i av = _mm512_set1_epi32(quad);                                    \
     c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                                \
-    c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                                \
-    c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                                \
-    c##r##3 = _mm512_dpbusd_epi32(c##r##3, av, b3);                                \
+    if constexpr (NV > 1) c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);          \
+    if constexpr (NV > 2) c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);          \
+    if constexpr (NV > 3) c##r##3 = _mm512_dpbusd_epi32(c##r##3, av, b3);          \
   }
 #define ZN_STORE(r)                                                                \
   if constexpr (MR > r) {                                                          \
     uint8_t* yr = y + r * ldy;                                                     \
     if constexpr (M32) {                                                           \
       rq16_32<KIND>(c##r##0, rq, 0, yr);                                           \
-      rq16_32<KIND>(c##r##1, rq, 16, yr);                                          \
-      rq16_32<KIND>(c##r##2, rq, 32, yr);                                          \
-      rq16_32<KIND>(c##r##3, rq, 48, yr);                                          \
+      if constexpr (NV > 1) rq16_32<KIND>(c##r##1, rq, 16, yr);                    \
+      if constexpr (NV > 2) rq16_32<KIND>(c##r##2, rq, 32, yr);                    \
+      if constexpr (NV > 3) rq16_32<KIND>(c##r##3, rq, 48, yr);                    \
     } else {                                                                       \
       rq16<KIND, false>(c##r##0, rq, 0, yr);                                       \
-      rq16<KIND, false>(c##r##1, rq, 16, yr);                                      \
-      rq16<KIND, false>(c##r##2, rq, 32, yr);                                      \
-      rq16<KIND, false>(c##r##3, rq, 48, yr);                                      \
+      if constexpr (NV > 1) rq16<KIND, false>(c##r##1, rq, 16, yr);                \
+      if constexpr (NV > 2) rq16<KIND, false>(c##r##2, rq, 32, yr);                \
+      if constexpr (NV > 3) rq16<KIND, false>(c##r##3, rq, 48, yr);                \
     }                                                                              \
   }
 
-// MR output positions x one 64-channel panel: the int32 sums by vpdpbusd, then requantized to y rows.
-template <int MR, int KIND, bool M32>
+// MR output positions x the first NV 16-lane blocks of one 64-channel panel (NV < 4 only for the last,
+// partial panel: the blocks beyond its channels hold zero weights and are skipped): the int32 sums by
+// vpdpbusd, then requantized to y rows.
+template <int MR, int KIND, bool M32, int NV>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(const uint8_t* a, int64_t lda,
                                                                               const int8_t* b, int64_t kq,
                                                                               const RqArgs& rq, uint8_t* y,
@@ -160,8 +88,10 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
   ZN_ACC(0) ZN_ACC(1) ZN_ACC(2) ZN_ACC(3) ZN_ACC(4) ZN_ACC(5)
   for (int64_t q = 0; q < kq; ++q) {
     const int8_t* bq = b + q * kPanel * 4;
-    const __m512i b0 = _mm512_loadu_si512(bq), b1 = _mm512_loadu_si512(bq + 64);
-    const __m512i b2 = _mm512_loadu_si512(bq + 128), b3 = _mm512_loadu_si512(bq + 192);
+    const __m512i b0 = _mm512_loadu_si512(bq);
+    const __m512i b1 = NV > 1 ? _mm512_loadu_si512(bq + 64) : b0;
+    const __m512i b2 = NV > 2 ? _mm512_loadu_si512(bq + 128) : b0;
+    const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
     ZN_ROW(0) ZN_ROW(1) ZN_ROW(2) ZN_ROW(3) ZN_ROW(4) ZN_ROW(5)
   }
   ZN_STORE(0) ZN_STORE(1) ZN_STORE(2) ZN_STORE(3) ZN_STORE(4) ZN_STORE(5)
@@ -237,21 +167,28 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void mk_portable(con
 }
 
 using VnniFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const RqArgs&, uint8_t*, int64_t);
-template <int KIND, bool M32>
+template <int KIND, bool M32, int NV>
 VnniFn vnni_for(int mr) {
   switch (mr) {
-    case 1: return mk_vnni<1, KIND, M32>;
-    case 2: return mk_vnni<2, KIND, M32>;
-    case 3: return mk_vnni<3, KIND, M32>;
-    case 4: return mk_vnni<4, KIND, M32>;
-    case 5: return mk_vnni<5, KIND, M32>;
-    default: return mk_vnni<6, KIND, M32>;
+    case 1: return mk_vnni<1, KIND, M32, NV>;
+    case 2: return mk_vnni<2, KIND, M32, NV>;
+    case 3: return mk_vnni<3, KIND, M32, NV>;
+    case 4: return mk_vnni<4, KIND, M32, NV>;
+    case 5: return mk_vnni<5, KIND, M32, NV>;
+    default: return mk_vnni<6, KIND, M32, NV>;
   }
 }
-VnniFn vnni_kernel(int mr, int kind, bool m32) {
-  if (kind == kParity) return m32 ? vnni_for<kParity, true>(mr) : vnni_for<kParity, false>(mr);
-  if (kind == kSign) return m32 ? vnni_for<kSign, true>(mr) : vnni_for<kSign, false>(mr);
-  return m32 ? vnni_for<kPlain, true>(mr) : vnni_for<kPlain, false>(mr);
+template <int KIND, bool M32>
+VnniFn vnni_nv(int mr, int nv) {
+  if (nv == 1) return vnni_for<KIND, M32, 1>(mr);
+  if (nv == 2) return vnni_for<KIND, M32, 2>(mr);
+  return vnni_for<KIND, M32, 4>(mr);  // 3 blocks run as 4 (the fourth holds zero weights, not stored)
+}
+// The micro-kernel for mr positions, nv 16-lane blocks, a rounding kind and the multipliers' width.
+VnniFn vnni_kernel(int mr, int nv, int kind, bool m32) {
+  if (kind == kParity) return m32 ? vnni_nv<kParity, true>(mr, nv) : vnni_nv<kParity, false>(mr, nv);
+  if (kind == kSign) return m32 ? vnni_nv<kSign, true>(mr, nv) : vnni_nv<kSign, false>(mr, nv);
+  return m32 ? vnni_nv<kPlain, true>(mr, nv) : vnni_nv<kPlain, false>(mr, nv);
 }
 
 // ---- requantization of one output position's channels (RequantU8's single-shift int64 rule) ----------
@@ -263,10 +200,7 @@ inline __attribute__((always_inline)) void rq_loop(const int32_t* __restrict acc
                                                    int64_t zs, int64_t lo, int64_t hi) {
   for (int j = 0; j < n; ++j) {
     const int64_t p = m[j] * static_cast<int64_t>(acc[j] - zw[j]) + k[j];
-    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[j]) : (p >> 63)) & b[j]);
-    int64_t v = ((p + a[j] + sel) >> s[j]) + zs;
-    v = v < lo ? lo : (v > hi ? hi : v);
-    y[j] = static_cast<uint8_t>(v);
+    y[j] = static_cast<uint8_t>(requant_tail<KIND>(p, s[j], a[j], b[j], zs, lo, hi));
   }
 }
 
@@ -280,10 +214,7 @@ inline __attribute__((always_inline)) void rq_loop32(const int32_t* __restrict a
                                                      int64_t zs, int64_t lo, int64_t hi) {
   for (int j = 0; j < n; ++j) {
     const int64_t p = static_cast<int64_t>(m[j]) * static_cast<int64_t>(acc[j] - zw[j]) + k[j];
-    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[j]) : (p >> 63)) & b[j]);
-    int64_t v = ((p + a[j] + sel) >> s[j]) + zs;
-    v = v < lo ? lo : (v > hi ? hi : v);
-    y[j] = static_cast<uint8_t>(v);
+    y[j] = static_cast<uint8_t>(requant_tail<KIND>(p, s[j], a[j], b[j], zs, lo, hi));
   }
 }
 
@@ -373,19 +304,9 @@ struct QConvKernel {
       throw std::runtime_error("QConv: inconsistent requantization attributes (mult, cnst, shift, mode, lo, hi)");
     for (int64_t v : shift) {
       if (v < 0 || v > 62) throw std::runtime_error("QConv: shift outside [0, 62]");
-      const int64_t half = v > 0 ? (int64_t{1} << (v - 1)) : 0, full = (int64_t{1} << v) - 1;
-      int64_t a = 0, b = 0;
-      switch (mode) {  // the modes of ROUND_MODES: half_up, half_even, half_away, half_down, floor, ceil, trunc
-        case 0: a = half; break;
-        case 1: a = v > 0 ? half - 1 : 0; b = v > 0 ? 1 : 0; break;
-        case 2: a = half; b = v > 0 ? -1 : 0; break;
-        case 3: a = v > 0 ? half - 1 : 0; break;
-        case 4: break;
-        case 5: a = full; break;
-        default: b = full; break;
-      }
-      addend.push_back(a);
-      bmask.push_back(b);
+      const RoundParams rp = round_params(static_cast<int>(mode), v);
+      addend.push_back(rp.addend);
+      bmask.push_back(rp.bmask);
     }
     channels = static_cast<int64_t>(mult.size());
     const size_t padded = static_cast<size_t>((channels + kPanel - 1) / kPanel * kPanel);  // whole panels
@@ -401,7 +322,7 @@ struct QConvKernel {
       for (size_t ch = 0; ch < padded; ++ch)
         (ch % 2 ? odd[t] : even[t])->at(ch / 16 * 8 + ch % 16 / 2) = (*src[t])[ch];
     }
-    kind = mode == 1 ? kParity : ((mode == 2 || mode == 6) ? kSign : kPlain);
+    kind = round_kind(static_cast<int>(mode));
     isa = select_isa();
     int is_const = 0;
     Ort::ConstValue wv = ki.GetTensorConstantInput(1, &is_const);
@@ -530,7 +451,7 @@ struct QConvKernel {
         for (int64_t r = 0; r < rows; r += kMR) {
           const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           if (isa == 2) {
-            vnni_kernel(mr, kind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
+            vnni_kernel(mr, nv, kind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
             continue;
           }
           if (isa == 1) gemm_avxvnni(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
