@@ -238,6 +238,13 @@ class _Lowerer(CodeOps):
             wname, wzp = int8_weights(self.b, wm.astype(np.int8), self.path)
             mm = self.b.op("MatMulInteger", [col, wname, self.b.const(zs, np.uint8, "xzp"), wzp])
             return self._req(op, [Term(mm, m, xm)], const, ost, (-1,))
+        if np.dtype(x.info.dtype).itemsize == 2 and ost.dtype == np.int32 and is_int8(w):  # 16-bit: QConv16
+            xm = wm.shape[0] * max(zs, 65535 - zs) * int(np.abs(w).max(initial=0))
+            const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+            rq = self._rq_attrs(op, Term("", m, xm), const, ost, np.int32)
+            fused = None if rq is None else emit_qconv(self.b, x.name, wm, *geo, rq, wide=True)
+            if fused is not None:
+                return fused
         if x.st.dtype == np.uint8:
             planes = [(emit_im2col(self.b, x.name, *geo, 0), 0)]
         else:  # split the stored codes into byte planes once, then im2col each plane by copies
@@ -257,9 +264,11 @@ class _Lowerer(CodeOps):
         rq = self._rq_attrs(op, term, const, ost)
         return None if rq is None else emit_qconv(self.b, x.name, wm, *geo, rq)
 
-    def _rq_attrs(self, op: Op, term: Term, const: object, ost: Storage) -> dict | None:
-        """The one-term uint8 requantization attributes of a fused native conv, else None."""
-        if np.dtype(ost.dtype) != np.uint8:
+    def _rq_attrs(
+        self, op: Op, term: Term, const: object, ost: Storage, dtype: type = np.uint8
+    ) -> dict | None:
+        """The one-term requantization attributes of a fused native conv with ``dtype`` output, else None."""
+        if np.dtype(ost.dtype) != np.dtype(dtype):
             return None
         a = op.attrs
         return native_requant_attrs(

@@ -19,6 +19,9 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
   where the CPU has it, else portable C++: the same exact integers), and RequantU8's one-term rule on every finished
   tile, in one kernel; ``x_zero_point`` is the stored pad code, subtracted from every column. The weights
   must be an initializer (packed once when ORT creates the kernel).
+- ``QConv16``: the same for int32-stored 16-bit codes in and out: each im2col row is split into its low and
+  high byte planes, both multiplied by the int8 weights (exact int32 sums), combined in int64 as
+  ``256 S_hi + S_lo - x_zero_point sum w`` and requantized once (``x_zero_point`` up to 65535).
 - ``DwConv``: depthwise convolution of an NHWC uint8 tensor with int8 weights (attribute, ``[C, kh, kw]``),
   ``sum (x - zp) w`` in int32 (exact: ``kh kw 255 128 < 2^31``), positions outside the input adding 0.
 - ``QDwConv``: ``DwConv``'s sums requantized by RequantU8's one-term rule in the same kernel (uint8 out; the
@@ -156,10 +159,13 @@ def emit_qconv(
     dilations: list[int],
     xzp: int,
     requant: dict,
+    *,
+    wide: bool = False,
 ) -> str | None:
     """One ``QConv`` (im2col tile, int8 GEMM, requantization in one kernel) for an NHWC uint8 tensor, int8
     weights ``wm`` as (kh kw C, O) and the one-term uint8 ``requant`` attributes of ``native_requant_attrs``;
-    None when they do not fit it (int128 products, several terms, or int32 sums that could overflow)."""
+    None when they do not fit it (int128 products, several terms, or int32 sums that could overflow).
+    ``wide``: ``QConv16`` (int32-stored 16-bit codes in, int32 codes out, ``requant`` for int32 storage)."""
     if requant["terms"] != 1 or requant["wide"] or wm.shape[0] * 255 * 128 >= 1 << 31:
         return None
     o = wm.shape[1]
@@ -168,7 +174,7 @@ def emit_qconv(
         return None
     per = {k: v * o if len(v) == 1 else v for k, v in per.items()}
     return b.op(
-        "QConv",
+        "QConv16" if wide else "QConv",
         [x, b.const(wm.astype(np.int8), np.int8, "w")],
         kernel=list(kernel),
         strides=list(strides),

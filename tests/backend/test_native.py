@@ -449,3 +449,56 @@ def test_qdwconv_matches_numpy(
         sess = lowered_session(_model(b, y, [("x", TensorProto.UINT8, None)], TensorProto.UINT8), True)
         got = sess.run(None, {"x": x})[0]
         assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))
+
+
+@pytest.mark.parametrize("isa", ["host", "avx-vnni", "baseline"])
+@pytest.mark.parametrize(
+    ("c", "o", "kernel", "strides", "pads"),
+    [
+        (5, 70, [3, 3], [1, 1], [1, 1, 1, 1]),
+        (3, 16, [7, 7], [2, 2], [3, 3, 3, 3]),
+        (8, 130, [1, 1], [1, 1], [0] * 4),
+    ],
+)
+def test_qconv16_matches_numpy(
+    c: int, o: int, kernel: list, strides: list, pads: list, isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QConv16 (16-bit codes x int8 weights: two byte planes, int64 combination, one requantization) == the
+    numpy formula with exact int64 sums, for each rounding mode, on every GEMM path."""
+    if isa == "host":
+        monkeypatch.delenv(native.ISA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(native.ISA_ENV, isa)
+    rng = np.random.default_rng(o + c)
+    x = rng.integers(0, 65536, size=(2, 9, 8, c)).astype(np.int32)
+    x[0, :2] = 65535  # saturated codes next to the padding
+    w = rng.integers(-128, 128, size=(kernel[0] * kernel[1] * c, o)).astype(np.int8)
+    w[:, 0] = -128
+    zp = 32768 + 1234  # a stored pad code with both bytes nonzero
+    xp = np.pad(
+        x.astype(np.int64), [(0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)], constant_values=zp
+    )
+    oh = (xp.shape[1] - kernel[0]) // strides[0] + 1
+    ow = (xp.shape[2] - kernel[1]) // strides[1] + 1
+    taps = [
+        xp[:, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
+        for i in range(kernel[0])
+        for j in range(kernel[1])
+    ]
+    acc = (np.concatenate(taps, axis=3) - zp) @ w.astype(np.int64)
+    pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-4, 3e-2, o)]
+    m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
+    bias = rng.integers(-50000, 50000, size=o)
+    st = storage_of("int16")
+    for mode in ROUND_MODES:
+        want = requantize(acc + bias, m, s, mode, zero_point=-5, lo=-32768, hi=32767) + st.offset
+        term = Term("", m.astype(object), float(w.shape[0] * 65535 * 128))
+        attrs = native_requant_attrs(
+            [term], m.astype(object) * bias.astype(object), s, mode, -5, -32768, 32767, st, (-1,), where="t"
+        )
+        b = Builder("q")
+        y = emit_qconv(b, "x", w, kernel, strides, pads, [1, 1], zp, attrs, wide=True)
+        assert y is not None and [n.op_type for n in b.nodes] == ["QConv16"]
+        sess = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.INT32), True)
+        got = sess.run(None, {"x": x})[0]
+        assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))
