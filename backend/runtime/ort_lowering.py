@@ -414,9 +414,10 @@ def _wants_nhwc(op: Op, x: _Val, native: bool = False) -> bool:
         return op.attrs["group"] == 1 and x.st.dtype == np.uint8 and is_int8(op.params["w"])
     if op.kind == "avgpool":
         return bool(op.attrs.get("global")) and x.nhwc
+    two_d = len(op.attrs.get("kernel", ())) == 2  # MaxPoolI32 (native, int32-stored codes) is 2-D
     return (
         x.nhwc
-        and x.st.dtype == np.uint8
+        and (x.st.dtype == np.uint8 or (native and op.kind == "maxpool" and two_d))
         and not op.attrs.get("global")
         and op.attrs.get("pad_value", 0) is not None
     )

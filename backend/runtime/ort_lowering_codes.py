@@ -17,6 +17,7 @@ from onnx import TensorProto
 from zonnx.backend.compiler.program import Op, TensorInfo
 
 from .ort_kernels import Builder, KernelError, Storage
+from .ort_native import emit_maxpool_i32
 
 MS_DOMAIN = "com.microsoft"  # NhwcMaxPool: an ORT CPU contrib kernel (uint8/int8)
 
@@ -31,6 +32,8 @@ class CodeOps:
         if a.get("global"):
             return self.b.op("ReduceMax", [x.name], axes=[1, 2] if x.nhwc else [2, 3], keepdims=1)
         wide = x.st.dtype != np.uint8  # 16-bit codes: MaxPool in float32 (exact below 2^24)
+        if wide and x.nhwc:  # only with the native kernels (_wants_nhwc)
+            return emit_maxpool_i32(self.b, x.name, a)
         src = self.b.op("Cast", [x.name], to=TensorProto.FLOAT) if wide else x.name
         out = self.b.op(
             "NhwcMaxPool" if x.nhwc else "MaxPool",

@@ -27,6 +27,9 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
 - ``QDwConv``: ``DwConv``'s sums requantized by RequantU8's one-term rule in the same kernel (uint8 out; the
   clamp ``[lo, hi]`` carries a fused ReLU/ReLU6), each output row's sums kept in cache: no int32 tensor.
 
+- ``MaxPoolI32``: NHWC max pooling of int32-stored codes (16-bit programs), ONNX MaxPool's windows and
+  output size (``ceil_mode`` too), padding never winning; integer comparisons, so exact for any width.
+
 So an 8-bit convolution is one ``QConv`` (or, when its requantization needs int128 products or an int32
 output, ``Im2col -> MatMulInteger -> RequantU8``) instead of Pad, one Slice per tap, Concat, MatMulInteger
 and four to five float64 passes; a 16-bit one is one Im2col and one
@@ -45,6 +48,7 @@ __all__ = [
     "emit_byte_plane",
     "emit_dwconv",
     "emit_qdwconv",
+    "emit_maxpool_i32",
     "is_depthwise",
     "native_plane_terms",
     "native_matmul2_terms",
@@ -281,6 +285,22 @@ def emit_qdwconv(
         lo=requant["lo"],
         hi=requant["hi"],
         **per,
+        domain=NATIVE_DOMAIN,
+    )
+
+
+def emit_maxpool_i32(b: Builder, x: str, attrs: dict) -> str:
+    """``MaxPoolI32`` of an NHWC int32 tensor with a maxpool op's ``kernel``/``strides``/``pads``/
+    ``dilations``/``ceil_mode`` attributes (2-D)."""
+    kernel = list(attrs["kernel"])
+    return b.op(
+        "MaxPoolI32",
+        [x],
+        kernel=kernel,
+        strides=list(attrs["strides"]),
+        pads=list(attrs["pads"]),
+        dilations=list(attrs.get("dilations") or [1] * len(kernel)),
+        ceil_mode=int(attrs.get("ceil_mode", 0)),
         domain=NATIVE_DOMAIN,
     )
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -27,6 +28,7 @@ from zonnx.backend.runtime.ort_native import (
     emit_byte_plane,
     emit_dwconv,
     emit_im2col,
+    emit_maxpool_i32,
     emit_native_requant,
     emit_qconv,
     emit_qdwconv,
@@ -502,3 +504,46 @@ def test_qconv16_matches_numpy(
         sess = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.INT32), True)
         got = sess.run(None, {"x": x})[0]
         assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))
+
+
+@pytest.mark.parametrize(
+    ("kernel", "strides", "pads", "dil", "ceil"),
+    [
+        ([3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0),
+        ([3, 2], [2, 2], [1, 0, 0, 1], [1, 2], 1),
+        ([2, 2], [3, 3], [0] * 4, [1, 1], 1),
+    ],
+)
+def test_maxpool_i32_matches_ort(kernel: list, strides: list, pads: list, dil: list, ceil: int) -> None:
+    """MaxPoolI32 (NHWC int32 codes) == ORT's MaxPool on the same codes (float32: exact below 2^24), ceil_mode
+    and end windows included; 16-bit extremes next to the padding."""
+    x = np.random.default_rng(3).integers(0, 65536, size=(2, 9, 10, 5)).astype(np.int32)
+    x[0, :, :2] = 0
+    x[1, :2] = 65535
+    attrs = {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dil, "ceil_mode": ceil}
+    b = Builder("m")
+    y = emit_maxpool_i32(b, "x", attrs)
+    got = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.INT32), True).run(
+        None, {"x": x}
+    )[0]
+    node = helper.make_node(
+        "MaxPool",
+        ["x"],
+        ["y"],
+        kernel_shape=kernel,
+        strides=strides,
+        pads=pads,
+        dilations=dil,
+        ceil_mode=ceil,
+    )
+    g = helper.make_graph(
+        [node],
+        "p",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    ref = onnx.helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ref.ir_version = 10
+    sess = ort.InferenceSession(ref.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x.transpose(0, 3, 1, 2).astype(np.float32)})[0].transpose(0, 2, 3, 1)
+    assert got.shape == want.shape and np.array_equal(got, want.astype(np.int64))
