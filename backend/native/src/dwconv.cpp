@@ -188,7 +188,8 @@ struct DwVnni {
   std::vector<uint8_t> zrow;  // zp bytes: the taps outside the input read it
 
   DwVnni(const DwCore& core, const std::vector<int64_t>& mult, const std::vector<int64_t>& cnst,
-         const std::vector<int64_t>& shift, const std::vector<int64_t>& addend, const std::vector<int64_t>& bmask) {
+         const std::vector<int64_t>& shift, const std::vector<int64_t>& addend, const std::vector<int64_t>& bmask,
+         int kind) {
     const int64_t c = core.channels;
     taps = core.kh * core.kw;
     quads = (taps + 3) / 4;
@@ -218,7 +219,10 @@ struct DwVnni {
         }
     if (std::all_of(m.begin(), m.end(), [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }))
       m32.assign(m.begin(), m.end());
-    const std::vector<int64_t>* src[4] = {&k, &s, &a, &b};
+    std::vector<int64_t> kf = k;  // rq16_32's kPlain form: K + A (fold_plain)
+    if (kind == kPlain)
+      for (size_t j = 0; j < padded; ++j) kf[j] = fold_plain(k[j], a[j]);
+    const std::vector<int64_t>* src[4] = {&kf, &s, &a, &b};
     std::vector<int64_t>* even[4] = {&ke, &se, &ae, &be};
     std::vector<int64_t>* odd[4] = {&ko, &so, &ao, &bo};
     for (int t = 0; t < 4; ++t) {
@@ -313,7 +317,7 @@ struct QDwConvKernel {
       bmask.push_back(rp.bmask);
     }
     if (qconv_isa() == 2) {
-      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask);
+      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind);
       pixel = dw_vnni_for(kind, !vnni->m32.empty());
     }
   }

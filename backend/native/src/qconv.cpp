@@ -467,6 +467,12 @@ struct QConvKernel {
       throw std::runtime_error("QConv: weights must be int8 [kh kw C, O] with O = the requantization channels");
     if (wshape[0] * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
     pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1]);
+    if (kind == kPlain && !wide) {  // rq16_32's kPlain form: K + A (fold_plain)
+      for (size_t ch = 0; ch < zw.size(); ++ch) {
+        const int64_t f = fold_plain(cnst[ch], addend[ch]);
+        (ch % 2 ? ko : ke)[ch / 16 * 8 + ch % 16 / 2] = f;
+      }
+    }
   }
 
   void pack(const int8_t* w, int64_t kdim, int64_t o) {

@@ -13,6 +13,13 @@
 
 namespace zonnx_native {
 
+// The constant of the kPlain form of rq16_32_values: K + A (the rounding addend joins the constant). The sum
+// p + A = M (acc - zw) + K + A fits int64 (|p| < 2^62, A < 2^62); it is formed in wrapping 64-bit
+// arithmetic (vector adds wrap), so the result is that exact value.
+inline int64_t fold_plain(int64_t k, int64_t a) {
+  return static_cast<int64_t>(static_cast<uint64_t>(k) + static_cast<uint64_t>(a));
+}
+
 // Requantization arguments of one panel (arrays padded to 64 channels) and one output row's destination.
 struct RqArgs {
   const int32_t* zw;
@@ -21,6 +28,7 @@ struct RqArgs {
   int nch;
   const int32_t* m32;                  // the multipliers as int32 (when they all fit)
   const int64_t *ke, *ko, *se, *so;    // k and s of the even / odd channels of each 16-channel group
+                                       // (ke, ko: K + A, fold_plain, for the kPlain rounding kind)
   const int64_t *ae, *ao, *be, *bo;    // a and b likewise
 };
 
@@ -38,8 +46,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
   const __m512i po = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(d, 32), _mm512_srli_epi64(m, 32)),
                                       _mm512_loadu_si512(q.ko + g));
   const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
-  __m512i te = _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
-  __m512i to = _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
+  __m512i te = KIND == kPlain ? pe : _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
+  __m512i to = KIND == kPlain ? po : _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
   if (KIND == kParity) {
     te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
     to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
