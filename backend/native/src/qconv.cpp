@@ -549,11 +549,15 @@ struct QConvKernel {
   void compute16(const Ort::KernelContext& ctx, const int32_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
                  int64_t oh, int64_t ow, int32_t* y, int64_t total) const {
     const int64_t o = outs, row = 2 * kp, size = n * h * w * c;
-    std::vector<uint8_t> planes(static_cast<size_t>(2 * size));
+    // the calling thread's buffer, reused across runs; the tasks (on any pool thread) get its address, since
+    // a thread_local named inside them would be their own thread's
+    thread_local std::vector<uint8_t> buffer;
+    if (buffer.size() < static_cast<size_t>(2 * size)) buffer.resize(static_cast<size_t>(2 * size));
+    uint8_t* const planes = buffer.data();
     const size_t chunks = static_cast<size_t>((size + kGrain - 1) / kGrain);
     parallel_for(ctx, chunks, [&](size_t i) {
       const int64_t i0 = static_cast<int64_t>(i) * kGrain;
-      split_bytes(x + i0, planes.data() + i0, planes.data() + size + i0, std::min<int64_t>(kGrain, size - i0));
+      split_bytes(x + i0, planes + i0, planes + size + i0, std::min<int64_t>(kGrain, size - i0));
     });
     const uint8_t plo = static_cast<uint8_t>(xzp & 255), phi = static_cast<uint8_t>(xzp >> 8);
     const int64_t block = std::clamp<int64_t>((262144 / row) / 3 * 3, 3, 120);
@@ -562,8 +566,8 @@ struct QConvKernel {
       thread_local std::vector<uint8_t> scratch;
       const int64_t r0 = static_cast<int64_t>(task) * block, rows = std::min<int64_t>(block, total - r0);
       if (scratch.size() < static_cast<size_t>(block * row)) scratch.resize(static_cast<size_t>(block * row));
-      im2col(planes.data(), h, w, c, oh, ow, r0, rows, scratch.data(), plo, row);
-      im2col(planes.data() + size, h, w, c, oh, ow, r0, rows, scratch.data() + kp, phi, row);
+      im2col(planes, h, w, c, oh, ow, r0, rows, scratch.data(), plo, row);
+      im2col(planes + size, h, w, c, oh, ow, r0, rows, scratch.data() + kp, phi, row);
       const uint8_t* col = scratch.data();
       alignas(64) int32_t tlo[kMR * kPanel], thi[kMR * kPanel];
       const int64_t panels = (o + kPanel - 1) / kPanel;
