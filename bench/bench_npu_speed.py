@@ -19,7 +19,9 @@ Kernels: the session runs on the native kernel library when it is built (``zonnx
 more lines per target time the session on the native kernels and on the pure-ONNX lowering
 (``kernels`` provider option), each interleaved with ORT's fastest int8 form, so both ratios come from
 one run; the same two lines for MobileNetV2 (quantized in the target's form, against MobileNetV2 as
-per-channel u8s8 QDQ). On zhouyi-x2 ResNet-18 with 16-bit activations is timed against its own 8-bit program (same
+per-channel u8s8 QDQ). With $ZONNX_THREADS=1 the native-kernel lines and the 16-bit line are repeated
+in thread CPU time (``_cpu_pair``: same alternation, ``time.thread_time``), which a loaded shared host
+does not skew. On zhouyi-x2 ResNet-18 with 16-bit activations is timed against its own 8-bit program (same
 session kind, interleaved).
 """
 
@@ -29,9 +31,12 @@ __all__ = ["bench_npu_speed", "build_programs"]
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +56,28 @@ from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.build_npu import target_quantize_kwargs
 from zonnx.hostcpu import host_int
 from zonnx.quantization.calibration.readers import ListReader
+
+
+def _cpu_pair(
+    ctx: BenchContext, ours: Callable[[], object], peer: Callable[[], object]
+) -> tuple[float, float] | None:
+    """Median thread CPU seconds of ``ours`` and ``peer``, timed alternately like ``time_pair``; None unless
+    both run on one intra-op thread ($ZONNX_THREADS=1), where ORT computes on the calling thread so its
+    CPU time is the whole run's. On a loaded host wall-clock medians favour the shorter call (it fits a
+    time slice more often); CPU time does not depend on the other processes' share."""
+    if os.environ.get("ZONNX_THREADS") != "1":
+        return None
+    for _ in range(ctx.warmup):
+        ours()
+        peer()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(ctx.repeat):
+        for fn, acc in zip((ours, peer), times, strict=True):
+            start = time.thread_time()
+            fn()
+            acc.append(time.thread_time() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
 
 #: (quantized format, target): QDQ in each target's own form (``_quantize``).
 CASES = [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("qdq", "dpu-b4096")]
@@ -195,6 +222,20 @@ def _kernels(
                 target=1.0,
             )
         )
+        cpu = _cpu_pair(ctx, lambda s=sess: s.run(None, {"input": x}), lambda: fast.run(None, {"input": x}))
+        if cpu is not None and kind == "native":
+            out.append(
+                Measurement(
+                    f"{model.split('-')[0]} NPU session, native kernels, {target}, vs ORT's fastest int8, "
+                    "thread CPU time",
+                    1 / cpu[0],
+                    "images/s",
+                    HIGHER,
+                    peer="ORT QDQ u8s8 per-channel",
+                    peer_value=1 / cpu[1],
+                    target=1.0,
+                )
+            )
     return out
 
 
@@ -218,7 +259,7 @@ def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measuremen
         raise AssertionError("zhouyi-x2 int16: the NPU session is not on ORT or differs from the reference")
     t16, t8 = ctx.time_pair(lambda: s16.run(None, {"input": x}), lambda: s8.run(None, {"input": x}))
     kind = "native" if s16.kernels is not None and s16.kernels.available else "onnx"
-    return [
+    out = [
         Measurement(
             f"resnet18 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program",
             t16.median * 1e3,
@@ -229,6 +270,21 @@ def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measuremen
             target=2.0,
         )
     ]
+    cpu = _cpu_pair(ctx, lambda: s16.run(None, {"input": x}), lambda: s8.run(None, {"input": x}))
+    if cpu is not None:
+        out.append(
+            Measurement(
+                f"resnet18 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program, "
+                "thread CPU time",
+                cpu[0] * 1e3,
+                "ms",
+                LOWER,
+                peer="8-bit program",
+                peer_value=cpu[1] * 1e3,
+                target=2.0,
+            )
+        )
+    return out
 
 
 def _measure(ctx: BenchContext, target: str, qpath: Path, program: Program, tmp: Path) -> list[Measurement]:
