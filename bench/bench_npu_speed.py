@@ -18,7 +18,10 @@ empty cache directory (compiling), warm on the filled one (best of 3 processes).
 Kernels: the session runs on the native kernel library when it is built (``zonnx.backend.native``); two
 more lines per target time the session on the native kernels and on the pure-ONNX lowering
 (``kernels`` provider option), each interleaved with ORT's fastest int8 form, so both ratios come from
-one run. On zhouyi-x2 ResNet-18 with 16-bit activations is timed against its own 8-bit program (same
+one run; the same two lines for MobileNetV2 (quantized in the target's form, against MobileNetV2 as
+per-channel u8s8 QDQ). With $ZONNX_THREADS=1 the native-kernel lines and the 16-bit line are repeated
+in thread CPU time (``_cpu_pair``: same alternation, ``time.thread_time``), which a loaded shared host
+does not skew. On zhouyi-x2 ResNet-18 with 16-bit activations is timed against its own 8-bit program (same
 session kind, interleaved).
 """
 
@@ -28,9 +31,12 @@ __all__ = ["bench_npu_speed", "build_programs"]
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +57,28 @@ from zonnx.backend.runtime.reference import run_program
 from zonnx.build_npu import target_quantize_kwargs
 from zonnx.hostcpu import host_int
 from zonnx.quantization.calibration.readers import ListReader
+
+
+def _cpu_pair(
+    ctx: BenchContext, ours: Callable[[], object], peer: Callable[[], object]
+) -> tuple[float, float] | None:
+    """Median thread CPU seconds of ``ours`` and ``peer``, timed alternately like ``time_pair``; None unless
+    both run on one intra-op thread ($ZONNX_THREADS=1), where ORT computes on the calling thread so its
+    CPU time is the whole run's. On a loaded host wall-clock medians favour the shorter call (it fits a
+    time slice more often); CPU time does not depend on the other processes' share."""
+    if os.environ.get("ZONNX_THREADS") != "1":
+        return None
+    for _ in range(ctx.warmup):
+        ours()
+        peer()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(ctx.repeat):
+        for fn, acc in zip((ours, peer), times, strict=True):
+            start = time.thread_time()
+            fn()
+            acc.append(time.thread_time() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
 
 #: (quantized format, target): QDQ in each target's own form (``_quantize``).
 CASES = [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("qdq", "dpu-b4096")]
@@ -84,14 +112,14 @@ def _input_codes(program: Program, x: np.ndarray) -> np.ndarray:
     return np.clip(q, info.qmin, info.qmax).astype(info.dtype)
 
 
-def _fastest_ort_int8(tmp: Path) -> Path:
-    """ResNet-18 as ORT's fastest int8 form (per-channel u8s8 QDQ): a second, harder peer."""
-    dst = tmp / "u8s8.onnx"
+def _fastest_ort_int8(tmp: Path, model: str = "resnet18-random") -> Path:
+    """The zoo model as ORT's fastest int8 form (per-channel u8s8 QDQ): a second, harder peer."""
+    dst = tmp / f"u8s8_{model}.onnx"
     if not dst.exists():
         zonnx.quantize_static(
-            str(zoo.get("resnet18-random")),
+            str(zoo.get(model)),
             str(dst),
-            ListReader(zoo.sample_inputs("resnet18-random", 4, seed=1)),
+            ListReader(zoo.sample_inputs(model, 4, seed=1)),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,  # ORT's default is s8s8, which it runs 2-3x slower here
@@ -167,24 +195,26 @@ def _npu_session(qpath: Path, target: str, tmp: Path, **extra: str) -> zonnx.Inf
     )
 
 
-def _kernels(ctx: BenchContext, target: str, qpath: Path, tmp: Path) -> list[Measurement]:
+def _kernels(
+    ctx: BenchContext, target: str, qpath: Path, tmp: Path, model: str = "resnet18-random"
+) -> list[Measurement]:
     """The NPU session on the native kernels and on the pure-ONNX lowering, each vs ORT's fastest int8."""
-    x = zoo.sample_inputs("resnet18-random", 1)[0]["input"]
-    fast = session(_fastest_ort_int8(tmp), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    x = zoo.sample_inputs(model, 1)[0]["input"]
+    fast = session(_fastest_ort_int8(tmp, model), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     out = []
     sessions = {"onnx": _npu_session(qpath, target, tmp, kernels="onnx")}
     if native_status().available:
         sessions["native"] = _npu_session(qpath, target, tmp, kernels="native")
         a, b = (s.run(None, {"input": x})[0] for s in sessions.values())
         if not np.array_equal(a, b):
-            raise AssertionError(f"{target}: native kernels and the ONNX lowering differ")
+            raise AssertionError(f"{model} {target}: native kernels and the ONNX lowering differ")
     for kind, sess in sessions.items():
         t_ours, t_fast = ctx.time_pair(
             lambda s=sess: s.run(None, {"input": x}), lambda: fast.run(None, {"input": x})
         )
         out.append(
             Measurement(
-                f"resnet18 NPU session, {kind} kernels, {target}, vs ORT's fastest int8",
+                f"{model.split('-')[0]} NPU session, {kind} kernels, {target}, vs ORT's fastest int8",
                 1 / t_ours.median,
                 "images/s",
                 HIGHER,
@@ -193,6 +223,20 @@ def _kernels(ctx: BenchContext, target: str, qpath: Path, tmp: Path) -> list[Mea
                 target=1.0,
             )
         )
+        cpu = _cpu_pair(ctx, lambda s=sess: s.run(None, {"input": x}), lambda: fast.run(None, {"input": x}))
+        if cpu is not None and kind == "native":
+            out.append(
+                Measurement(
+                    f"{model.split('-')[0]} NPU session, native kernels, {target}, vs ORT's fastest int8, "
+                    "thread CPU time",
+                    1 / cpu[0],
+                    "images/s",
+                    HIGHER,
+                    peer="ORT QDQ u8s8 per-channel",
+                    peer_value=1 / cpu[1],
+                    target=1.0,
+                )
+            )
     return out
 
 
@@ -216,7 +260,7 @@ def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measuremen
         raise AssertionError("zhouyi-x2 int16: the NPU session is not on ORT or differs from the reference")
     t16, t8 = ctx.time_pair(lambda: s16.run(None, {"input": x}), lambda: s8.run(None, {"input": x}))
     kind = "native" if s16.kernels is not None and s16.kernels.available else "onnx"
-    return [
+    out = [
         Measurement(
             f"resnet18 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program",
             t16.median * 1e3,
@@ -227,6 +271,21 @@ def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measuremen
             target=2.0,
         )
     ]
+    cpu = _cpu_pair(ctx, lambda: s16.run(None, {"input": x}), lambda: s8.run(None, {"input": x}))
+    if cpu is not None:
+        out.append(
+            Measurement(
+                f"resnet18 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program, "
+                "thread CPU time",
+                cpu[0] * 1e3,
+                "ms",
+                LOWER,
+                peer="8-bit program",
+                peer_value=cpu[1] * 1e3,
+                target=2.0,
+            )
+        )
+    return out
 
 
 def _measure(ctx: BenchContext, target: str, qpath: Path, program: Program, tmp: Path) -> list[Measurement]:
@@ -305,7 +364,7 @@ def bench_npu_speed(ctx: BenchContext) -> list[Measurement]:
     """Images/s (batch 1) of the lowered program vs ORT QDQ int8 per target (target 0.8x), and numpy's."""
     cases = CASES[:1] if ctx.quick else CASES
     ctx.describe(
-        ["resnet18-random"],
+        ["resnet18-random", "mobilenetv2-random"],
         {"calibration": 4, "timed image (batch 1)": 1, "targets": len(cases)},
         {"calibration": 1, "timed image": 0},
         "QDQ in each target's scheme (target_quantize_kwargs); ORT_ENABLE_ALL for the ORT peers",
@@ -315,6 +374,14 @@ def bench_npu_speed(ctx: BenchContext) -> list[Measurement]:
         tmp = Path(d)
         for (_, target), (qpath, program) in build_programs(tmp, cases).items():
             results += _kernels(ctx, target, qpath, tmp)
+            mobilenet = _quantize(
+                zoo.get("mobilenetv2-random"),
+                tmp / f"mobilenetv2_{target}.onnx",
+                zoo.sample_inputs("mobilenetv2-random", 4, seed=1),
+                "qdq",
+                target,
+            )
+            results += _kernels(ctx, target, mobilenet, tmp, "mobilenetv2-random")
             if target == "zhouyi-x2":
                 results += _int16_vs_int8(ctx, tmp, qpath)
             if not ctx.quick:

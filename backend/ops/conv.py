@@ -43,6 +43,7 @@ from zonnx.backend.runtime.ort_native import (
     emit_dwconv,
     emit_im2col,
     emit_qconv,
+    emit_qdwconv,
     is_depthwise,
     native_plane_terms,
     native_requant_attrs,
@@ -139,14 +140,21 @@ def layout(low: Any, op: Op, args: list[Val], ost: Storage) -> bool:
     return low.nhwc_ok and wants_nhwc(op, args[0], low.native)
 
 
+def _rq_attrs(
+    low: Any, op: Op, term: Term, const: object, ost: Storage, dtype: type = np.uint8
+) -> dict | None:
+    """The one-term requantization attributes of a fused native conv with ``dtype`` output, else None."""
+    if np.dtype(ost.dtype) != np.dtype(dtype):
+        return None
+    form = low.requant_form(op, [term], const, ost, (-1,))
+    return native_requant_attrs(*form.args(), where=form.where)
+
+
 def _qconv(
     low: Any, op: Op, x: Val, wm: np.ndarray, geo: tuple, term: Term, const: object, ost: Storage
 ) -> str | None:
     """The whole conv as one native ``QConv`` (uint8 output, one int64 requantization term), else None."""
-    if np.dtype(ost.dtype) != np.uint8:
-        return None
-    form = low.requant_form(op, [term], const, ost, (-1,))
-    rq = native_requant_attrs(*form.args(), where=form.where)
+    rq = _rq_attrs(low, op, term, const, ost)
     return None if rq is None else emit_qconv(low.b, x.name, wm, *geo, rq)
 
 
@@ -157,10 +165,15 @@ def _native_conv(low: Any, op: Op, x: Val, ost: Storage, wsum: np.ndarray) -> st
     o, c, kh, kw = w.shape
     wm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o))
     zs = int(a["pad_value"]) + x.st.offset
-    if a["group"] != 1:  # depthwise (wants_nhwc): DwConv sums (x - zs) w, the pad code adds 0
-        acc = emit_dwconv(low.b, x.name, w, a["strides"], a["pads"], a["dilations"], zs)
+    if a["group"] != 1:  # depthwise (wants_nhwc): QDwConv, else DwConv sums (x - zs) w + one Requant
         xm = kh * kw * max(zs, 255 - zs) * int(np.abs(w).max(initial=0))
         const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+        rq = _rq_attrs(low, op, Term("", m, xm), const, ost)
+        geo_dw = (a["strides"], a["pads"], a["dilations"], zs)
+        fused = None if rq is None else emit_qdwconv(low.b, x.name, w, *geo_dw, rq)
+        if fused is not None:
+            return fused
+        acc = emit_dwconv(low.b, x.name, w, *geo_dw)
         return low.req(op, [Term(acc, m, xm)], const, ost, (-1,))
     geo = (list(w.shape[2:]), a["strides"], a["pads"], a["dilations"], zs)
     pointwise = (kh, kw) == (1, 1) and list(a["strides"]) == [1, 1] and not any(a["pads"])
@@ -174,6 +187,13 @@ def _native_conv(low: Any, op: Op, x: Val, ost: Storage, wsum: np.ndarray) -> st
         wname, wzp = int8_weights(low.b, wm.astype(np.int8), low.path)
         mm = low.b.op("MatMulInteger", [col, wname, low.b.const(zs, np.uint8, "xzp"), wzp])
         return low.req(op, [Term(mm, m, xm)], const, ost, (-1,))
+    if np.dtype(x.info.dtype).itemsize == 2 and ost.dtype == np.int32 and is_int8(w):  # 16-bit: QConv16
+        xm = wm.shape[0] * max(zs, 65535 - zs) * int(np.abs(w).max(initial=0))
+        const = m * (op.params["bias"].astype(object) + int(a["pad_value"]) * wsum.astype(object))
+        rq = _rq_attrs(low, op, Term("", m, xm), const, ost, np.int32)
+        fused = None if rq is None else emit_qconv(low.b, x.name, wm, *geo, rq, wide=True)
+        if fused is not None:
+            return fused
     if x.st.dtype == np.uint8:
         planes = [(emit_im2col(low.b, x.name, *geo, 0), 0)]
     else:  # split the stored codes into byte planes once, then im2col each plane by copies
@@ -234,7 +254,16 @@ SPEC = OpSpec(
             reference,
             lower_ort,
             layout,
-            native=("QConv", "DwConv", "Im2col", "BytePlane", "RequantU8", "RequantI32"),
+            native=(
+                "QConv",
+                "QConv16",
+                "QDwConv",
+                "DwConv",
+                "Im2col",
+                "BytePlane",
+                "RequantU8",
+                "RequantI32",
+            ),
         ),
     ),
     rules=(Rule(frozenset({"Conv"}), "pending", compile_conv),),

@@ -34,6 +34,7 @@ from zonnx.backend.compiler.program import Op, TensorInfo
 from zonnx.backend.compiler.requant import requantize_op
 from zonnx.backend.compiler.values import Codes, CompileError, emit_code
 from zonnx.backend.runtime.ort_kernels import KernelError, Storage, Term
+from zonnx.backend.runtime.ort_native import emit_maxpool_i32
 from zonnx.backend.runtime.ort_values import MS_DOMAIN, Val, is_rank4
 from zonnx.backend.runtime.ref_math import ceil_pads, pad_nchw, windows
 
@@ -189,6 +190,8 @@ def lower_maxpool(low: Any, op: Op, args: list[Val], ost: Storage, oinfo: Tensor
     if a.get("global"):
         return low.b.op("ReduceMax", [x.name], axes=[1, 2] if x.nhwc else [2, 3], keepdims=1)
     wide = x.st.dtype != np.uint8  # 16-bit codes: MaxPool in float32 (exact below 2^24)
+    if wide and x.nhwc:  # only with the native kernels (layout_maxpool)
+        return emit_maxpool_i32(low.b, x.name, a)
     src = low.b.op("Cast", [x.name], to=TensorProto.FLOAT) if wide else x.name
     out = low.b.op(
         "NhwcMaxPool" if x.nhwc else "MaxPool",
@@ -210,13 +213,15 @@ def layout_avgpool(low: Any, op: Op, args: list[Val], ost: Storage) -> bool:
 
 
 def layout_maxpool(low: Any, op: Op, args: list[Val], ost: Storage) -> bool:
-    """Windowed max pools on an NHWC uint8 input stay channels-last (NhwcMaxPool takes 8-bit codes)."""
+    """Windowed max pools on an NHWC input stay channels-last: uint8 codes (NhwcMaxPool), or, with the
+    native kernels, 2-D pools of int32-stored 16-bit codes (MaxPoolI32)."""
     x = args[0]
+    two_d = len(op.attrs.get("kernel", ())) == 2
     return (
         low.nhwc_ok
         and is_rank4(x)
         and x.nhwc
-        and x.st.dtype == np.uint8
+        and (x.st.dtype == np.uint8 or (low.native and two_d))
         and not op.attrs.get("global")
         and op.attrs.get("pad_value", 0) is not None
     )
@@ -226,7 +231,7 @@ SPEC = OpSpec(
     module=__name__,
     kinds=(
         Kind("avgpool", reference_avgpool, lower_avgpool, layout_avgpool, native=("RequantU8", "RequantI32")),
-        Kind("maxpool", reference_maxpool, lower_maxpool, layout_maxpool),
+        Kind("maxpool", reference_maxpool, lower_maxpool, layout_maxpool, native=("MaxPoolI32",)),
     ),
     rules=(
         Rule(frozenset({"AveragePool", "GlobalAveragePool"}), "pending", compile_avgpool),

@@ -19,8 +19,16 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
   where the CPU has it, else portable C++: the same exact integers), and RequantU8's one-term rule on every finished
   tile, in one kernel; ``x_zero_point`` is the stored pad code, subtracted from every column. The weights
   must be an initializer (packed once when ORT creates the kernel).
+- ``QConv16``: the same for int32-stored 16-bit codes in and out: each im2col row is split into its low and
+  high byte planes, both multiplied by the int8 weights (exact int32 sums), combined in int64 as
+  ``256 S_hi + S_lo - x_zero_point sum w`` and requantized once (``x_zero_point`` up to 65535).
 - ``DwConv``: depthwise convolution of an NHWC uint8 tensor with int8 weights (attribute, ``[C, kh, kw]``),
   ``sum (x - zp) w`` in int32 (exact: ``kh kw 255 128 < 2^31``), positions outside the input adding 0.
+- ``QDwConv``: ``DwConv``'s sums requantized by RequantU8's one-term rule in the same kernel (uint8 out; the
+  clamp ``[lo, hi]`` carries a fused ReLU/ReLU6), each output row's sums kept in cache: no int32 tensor.
+
+- ``MaxPoolI32``: NHWC max pooling of int32-stored codes (16-bit programs), ONNX MaxPool's windows and
+  output size (``ceil_mode`` too), padding never winning; integer comparisons, so exact for any width.
 
 So an 8-bit convolution is one ``QConv`` (or, when its requantization needs int128 products or an int32
 output, ``Im2col -> MatMulInteger -> RequantU8``) instead of Pad, one Slice per tap, Concat, MatMulInteger
@@ -39,6 +47,8 @@ __all__ = [
     "emit_im2col",
     "emit_byte_plane",
     "emit_dwconv",
+    "emit_qdwconv",
+    "emit_maxpool_i32",
     "is_depthwise",
     "native_plane_terms",
     "native_matmul2_terms",
@@ -153,10 +163,13 @@ def emit_qconv(
     dilations: list[int],
     xzp: int,
     requant: dict,
+    *,
+    wide: bool = False,
 ) -> str | None:
     """One ``QConv`` (im2col tile, int8 GEMM, requantization in one kernel) for an NHWC uint8 tensor, int8
     weights ``wm`` as (kh kw C, O) and the one-term uint8 ``requant`` attributes of ``native_requant_attrs``;
-    None when they do not fit it (int128 products, several terms, or int32 sums that could overflow)."""
+    None when they do not fit it (int128 products, several terms, or int32 sums that could overflow).
+    ``wide``: ``QConv16`` (int32-stored 16-bit codes in, int32 codes out, ``requant`` for int32 storage)."""
     if requant["terms"] != 1 or requant["wide"] or wm.shape[0] * 255 * 128 >= 1 << 31:
         return None
     o = wm.shape[1]
@@ -165,7 +178,7 @@ def emit_qconv(
         return None
     per = {k: v * o if len(v) == 1 else v for k, v in per.items()}
     return b.op(
-        "QConv",
+        "QConv16" if wide else "QConv",
         [x, b.const(wm.astype(np.int8), np.int8, "w")],
         kernel=list(kernel),
         strides=list(strides),
@@ -234,6 +247,60 @@ def emit_dwconv(
         pads=list(pads),
         dilations=list(dilations),
         x_zero_point=int(zp),
+        domain=NATIVE_DOMAIN,
+    )
+
+
+def emit_qdwconv(
+    b: Builder,
+    x: str,
+    w: np.ndarray,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    zp: int,
+    requant: dict,
+) -> str | None:
+    """One ``QDwConv`` (depthwise sums and their requantization in one kernel) for an NHWC uint8 tensor and
+    the one-term uint8 ``requant`` attributes of ``native_requant_attrs``; None when they do not fit it
+    (int128 products or several terms: ``DwConv`` and a ``Requant`` then run it)."""
+    if requant["terms"] != 1 or requant["wide"]:
+        return None
+    c = w.shape[0]
+    per = {k: list(requant[k]) for k in ("mult", "cnst", "shift")}
+    if any(len(v) not in (1, c) for v in per.values()):
+        return None
+    per = {k: v * c if len(v) == 1 else v for k, v in per.items()}
+    return b.op(
+        "QDwConv",
+        [x],
+        weights=[int(v) for v in w.reshape(-1)],
+        kernel=list(w.shape[2:]),
+        strides=list(strides),
+        pads=list(pads),
+        dilations=list(dilations),
+        x_zero_point=int(zp),
+        mode=requant["mode"],
+        zs=requant["zs"],
+        lo=requant["lo"],
+        hi=requant["hi"],
+        **per,
+        domain=NATIVE_DOMAIN,
+    )
+
+
+def emit_maxpool_i32(b: Builder, x: str, attrs: dict) -> str:
+    """``MaxPoolI32`` of an NHWC int32 tensor with a maxpool op's ``kernel``/``strides``/``pads``/
+    ``dilations``/``ceil_mode`` attributes (2-D)."""
+    kernel = list(attrs["kernel"])
+    return b.op(
+        "MaxPoolI32",
+        [x],
+        kernel=kernel,
+        strides=list(attrs["strides"]),
+        pads=list(attrs["pads"]),
+        dilations=list(attrs.get("dilations") or [1] * len(kernel)),
+        ceil_mode=int(attrs.get("ceil_mode", 0)),
         domain=NATIVE_DOMAIN,
     )
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -26,8 +27,10 @@ from zonnx.backend.runtime.ort_native import (
     emit_byte_plane,
     emit_dwconv,
     emit_im2col,
+    emit_maxpool_i32,
     emit_native_requant,
     emit_qconv,
+    emit_qdwconv,
     native_requant_attrs,
 )
 from zonnx.backend.runtime.reference import run_program
@@ -390,3 +393,157 @@ def test_qconv_matches_numpy(
         sess = lowered_session(_model(b, y, [("x", TensorProto.UINT8, None)], TensorProto.UINT8), True)
         got = sess.run(None, {"x": x})[0]
         assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))
+
+
+@pytest.mark.parametrize("isa", ["host", "baseline"])
+@pytest.mark.parametrize(
+    ("c", "kernel", "stride", "pad", "dil"),
+    [(32, 3, 1, 1, 1), (96, 3, 2, 1, 1), (7, 3, 1, 2, 2), (144, 5, 1, 2, 1)],  # 96, 144: partial blocks
+)
+def test_qdwconv_matches_numpy(
+    c: int, kernel: int, stride: int, pad: int, dil: int, isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QDwConv (depthwise sums and their requantization in one kernel) == the numpy formula on every output,
+    for each rounding mode and a ReLU6-like clamp, on the host's path (AVX-512 VNNI here) and the portable one."""
+    if isa == "host":
+        monkeypatch.delenv(native.ISA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(native.ISA_ENV, isa)
+    rng = np.random.default_rng(c)
+    w = rng.integers(-128, 128, size=(c, 1, kernel, kernel))
+    w[0] = -128
+    x = rng.integers(0, 256, size=(2, 9, 8, c)).astype(np.uint8)
+    x[0, :2] = 255
+    zp = 37
+    xp = np.pad(x.astype(np.int64) - zp, [(0, 0), (pad, pad), (pad, pad), (0, 0)])
+    oh, ow = ((s + 2 * pad - dil * (kernel - 1) - 1) // stride + 1 for s in x.shape[1:3])
+    acc = sum(
+        xp[
+            :,
+            i * dil : i * dil + stride * (oh - 1) + 1 : stride,
+            j * dil : j * dil + stride * (ow - 1) + 1 : stride,
+        ]
+        * w[:, 0, i, j]
+        for i in range(kernel)
+        for j in range(kernel)
+    )
+    pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-4, 3e-2, c)]
+    m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
+    bias = rng.integers(-50000, 50000, size=c)
+    for mode, hi in zip(ROUND_MODES, [255, 200] * 4, strict=False):
+        want = requantize(acc + bias, m, s, mode, zero_point=3, lo=3, hi=hi)
+        term = Term("", m.astype(object), float(kernel * kernel * 255 * 128))
+        attrs = native_requant_attrs(
+            [term],
+            m.astype(object) * bias.astype(object),
+            s,
+            mode,
+            3,
+            3,
+            hi,
+            storage_of("uint8"),
+            (-1,),
+            where="t",
+        )
+        b = Builder("q")
+        y = emit_qdwconv(b, "x", w, [stride, stride], [pad] * 4, [dil, dil], zp, attrs)
+        assert y is not None and [n.op_type for n in b.nodes] == ["QDwConv"]
+        sess = lowered_session(_model(b, y, [("x", TensorProto.UINT8, None)], TensorProto.UINT8), True)
+        got = sess.run(None, {"x": x})[0]
+        assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))
+
+
+@pytest.mark.parametrize("isa", ["host", "avx-vnni", "baseline"])
+@pytest.mark.parametrize(
+    ("c", "o", "kernel", "strides", "pads"),
+    [
+        (5, 70, [3, 3], [1, 1], [1, 1, 1, 1]),
+        (3, 16, [7, 7], [2, 2], [3, 3, 3, 3]),
+        (8, 130, [1, 1], [1, 1], [0] * 4),
+    ],
+)
+def test_qconv16_matches_numpy(
+    c: int, o: int, kernel: list, strides: list, pads: list, isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QConv16 (16-bit codes x int8 weights: two byte planes, int64 combination, one requantization) == the
+    numpy formula with exact int64 sums, for each rounding mode, on every GEMM path."""
+    if isa == "host":
+        monkeypatch.delenv(native.ISA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(native.ISA_ENV, isa)
+    rng = np.random.default_rng(o + c)
+    x = rng.integers(0, 65536, size=(2, 9, 8, c)).astype(np.int32)
+    x[0, :2] = 65535  # saturated codes next to the padding
+    w = rng.integers(-128, 128, size=(kernel[0] * kernel[1] * c, o)).astype(np.int8)
+    w[:, 0] = -128
+    zp = 32768 + 1234  # a stored pad code with both bytes nonzero
+    xp = np.pad(
+        x.astype(np.int64), [(0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)], constant_values=zp
+    )
+    oh = (xp.shape[1] - kernel[0]) // strides[0] + 1
+    ow = (xp.shape[2] - kernel[1]) // strides[1] + 1
+    taps = [
+        xp[:, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
+        for i in range(kernel[0])
+        for j in range(kernel[1])
+    ]
+    acc = (np.concatenate(taps, axis=3) - zp) @ w.astype(np.int64)
+    pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-4, 3e-2, o)]
+    m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
+    bias = rng.integers(-50000, 50000, size=o)
+    st = storage_of("int16")
+    for mode in ROUND_MODES:
+        want = requantize(acc + bias, m, s, mode, zero_point=-5, lo=-32768, hi=32767) + st.offset
+        term = Term("", m.astype(object), float(w.shape[0] * 65535 * 128))
+        attrs = native_requant_attrs(
+            [term], m.astype(object) * bias.astype(object), s, mode, -5, -32768, 32767, st, (-1,), where="t"
+        )
+        b = Builder("q")
+        y = emit_qconv(b, "x", w, kernel, strides, pads, [1, 1], zp, attrs, wide=True)
+        assert y is not None and [n.op_type for n in b.nodes] == ["QConv16"]
+        sess = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.INT32), True)
+        got = sess.run(None, {"x": x})[0]
+        assert got.shape == want.shape and np.array_equal(got, want), (mode, int(np.sum(got != want)))
+
+
+@pytest.mark.parametrize(
+    ("kernel", "strides", "pads", "dil", "ceil"),
+    [
+        ([3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 0),
+        ([3, 2], [2, 2], [1, 0, 0, 1], [1, 2], 1),
+        ([2, 2], [3, 3], [0] * 4, [1, 1], 1),
+    ],
+)
+def test_maxpool_i32_matches_ort(kernel: list, strides: list, pads: list, dil: list, ceil: int) -> None:
+    """MaxPoolI32 (NHWC int32 codes) == ORT's MaxPool on the same codes (float32: exact below 2^24), ceil_mode
+    and end windows included; 16-bit extremes next to the padding."""
+    x = np.random.default_rng(3).integers(0, 65536, size=(2, 9, 10, 5)).astype(np.int32)
+    x[0, :, :2] = 0
+    x[1, :2] = 65535
+    attrs = {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dil, "ceil_mode": ceil}
+    b = Builder("m")
+    y = emit_maxpool_i32(b, "x", attrs)
+    got = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.INT32), True).run(
+        None, {"x": x}
+    )[0]
+    node = helper.make_node(
+        "MaxPool",
+        ["x"],
+        ["y"],
+        kernel_shape=kernel,
+        strides=strides,
+        pads=pads,
+        dilations=dil,
+        ceil_mode=ceil,
+    )
+    g = helper.make_graph(
+        [node],
+        "p",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    ref = onnx.helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ref.ir_version = 10
+    sess = ort.InferenceSession(ref.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x.transpose(0, 3, 1, 2).astype(np.float32)})[0].transpose(0, 2, 3, 1)
+    assert got.shape == want.shape and np.array_equal(got, want.astype(np.int64))

@@ -6,14 +6,23 @@ it (about 20 s on 2 cores)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
+from onnxruntime.quantization import QuantFormat
 
+import zonnx
 from tests.backend.test_compiler import _compile, digits  # noqa: F401  (module fixture)
+from zonnx import zoo
+from zonnx.backend.compiler.lower import compile_subgraph, whole_model_subgraph
 from zonnx.backend.native import build_library
 from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.backend.runtime.reference import run_program
+from zonnx.build_npu import target_quantize_kwargs
+from zonnx.quantization.calibration.readers import ListReader
 from zonnx.zoo.digits import digits_data
 
 pytestmark = pytest.mark.slow
@@ -34,5 +43,40 @@ def test_zoo_programs_under_ubsan(digits: dict, target: str) -> None:  # noqa: F
     so.register_custom_ops_library(str(lib))
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     outs = sess.run(None, {f"p/{ins[0]}": q})
+    for o, v in zip(sess.get_outputs(), outs, strict=True):
+        assert np.array_equal(v.astype(np.int64), ref[o.name[2:]]), o.name
+
+
+@pytest.mark.parametrize(
+    ("name", "target", "act"),
+    [("mobilenetv2-random", "bm1684x", None), ("resnet18-random", "zhouyi-x2", "int16")],
+)
+def test_fused_kernels_under_ubsan(tmp_path: Path, name: str, target: str, act: str | None) -> None:
+    """QDwConv (MobileNetV2's depthwise convs) and QConv16 / MaxPoolI32 (ResNet-18 with 16-bit activations)
+    under UBSan: every program tensor equals the reference."""
+    lib = build_library(sanitize=True).path
+    q = tmp_path / "q.onnx"
+    kwargs = (
+        dict(activation_type=act, weight_type="int8", extra_options={"Target": target})
+        if act
+        else target_quantize_kwargs(target, QuantFormat.QDQ)
+    )
+    zonnx.quantize_static(
+        str(zoo.get(name)), str(q), ListReader(zoo.sample_inputs(name, 2, seed=1)), **kwargs
+    )
+    model = onnx.load(q)
+    prog = compile_subgraph(model, *whole_model_subgraph(model), target)
+    info = prog.inputs[0]
+    x = zoo.sample_inputs(name, 1, seed=3)[0]["input"]
+    codes = np.clip(np.rint(x / info.scale[0]) + info.zero_point[0], info.qmin, info.qmax).astype(info.dtype)
+    ref = run_program(prog, {info.name: codes}, debug=True)
+    inner = [t for t in ref if t != info.name]
+    lowered = program_to_model(prog, name="p", expose=inner, native=True)
+    ops = {n.op_type for n in lowered.graph.node}
+    assert ({"QDwConv"} if act is None else {"QConv16", "MaxPoolI32"}) <= ops
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(lib))
+    sess = ort.InferenceSession(lowered.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    outs = sess.run(None, {f"p/{info.name}": codes})
     for o, v in zip(sess.get_outputs(), outs, strict=True):
         assert np.array_equal(v.astype(np.int64), ref[o.name[2:]]), o.name

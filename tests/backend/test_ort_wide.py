@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from pathlib import Path
 
@@ -166,6 +167,18 @@ def test_int16_model_runs_natively(tmp_path: Path) -> None:
     assert native.executor == "ort" and native.partition.npu_nodes > 0
     for f in feeds:
         assert np.array_equal(native.run(None, f)[0], ref.run(None, f)[0])
+
+
+def test_int16_model_concurrent_runs_equal_single_thread(tmp_path: Path) -> None:
+    """8 threads calling run() on one 16-bit session (QConv16's per-thread plane buffer, MaxPoolI32) give
+    the single-threaded results bit for bit."""
+    path, feeds = _int16(tmp_path, "max")
+    sess = _session(path, tmp_path, "auto")
+    assert sess.kernels is not None and sess.kernels.available
+    single = [sess.run(None, f)[0] for f in feeds]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        multi = list(pool.map(lambda f: sess.run(None, f)[0], feeds * 8))
+    assert all(np.array_equal(a, b) for a, b in zip(single * 8, multi, strict=True))
 
 
 def test_unlowerable_program_falls_back_to_reference(tmp_path: Path, caplog) -> None:

@@ -13,13 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import zonnx
 from bench.bench_npu_fidelity import FORMS, boundary_codes, codes_of, quantize_zoo, zoo_feeds
 from tests.backend.native_support import KERNEL_IDS, KERNELS, lowered_session
+from zonnx import zoo
 from zonnx.backend.compile_api import CompiledModel, compile_model
 from zonnx.backend.compiler.channels import fold_constant_channels
 from zonnx.backend.compiler.requant import requantize
 from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.backend.runtime.reference import run_program
+from zonnx.quantization.calibration.readers import ListReader
 
 REC_SHAPE = (1, 3, 48, 160)  # narrow lines keep the test fast; the compiled graph is the same
 
@@ -111,3 +114,22 @@ def test_constant_channels_fold_exactly(mode: str) -> None:
     before = requantize(x @ w.T + b_acc, m, s, mode, zero_point=3, lo=-128, hi=127)
     after = requantize(x @ w2.T + b2, m2, s2, mode, zero_point=3, lo=-128, hi=127)
     assert np.array_equal(before, after) and len(np.unique(before[:, 1])) == 1
+
+
+def test_resnet18_int16_native_bit_exact(folder: Path) -> None:
+    """ResNet-18 with 16-bit activations on zhouyi-x2: the native lowering (QConv16 for every conv, MaxPoolI32
+    for the stem pool) equals the numpy reference on every program tensor."""
+    q = folder / "resnet18_int16.onnx"
+    zonnx.quantize_static(
+        str(zoo.get("resnet18-random")),
+        str(q),
+        ListReader(zoo.sample_inputs("resnet18-random", 2, seed=1)),
+        activation_type="int16",
+        weight_type="int8",
+        extra_options={"Target": "zhouyi-x2"},
+    )
+    cm = compile_model(q, "zhouyi-x2")
+    ops = {n.op_type for p in cm.programs for n in program_to_model(p, name="p", native=True).graph.node}
+    assert {"QConv16", "MaxPoolI32"} <= ops and "Im2col" not in ops  # no conv left on the byte-plane path
+    compared, kinds = assert_bit_exact(q, cm, zoo_feeds("resnet18-random", 1, seed=7)[0], native=True)
+    assert compared >= 40 and {"conv", "maxpool", "add"} <= kinds

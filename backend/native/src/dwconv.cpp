@@ -1,12 +1,29 @@
 // DwConv: depthwise convolution of an NHWC uint8 tensor, int32 out:
-//   y[n, oy, ox, c] = sum_{i, j} (x[n, oy*sh - pt + i*dh, ox*sw - pl + j*dw, c] - zp) * w[c, i, j]
+//   acc[n, oy, ox, c] = sum_{i, j} (x[n, oy*sh - pt + i*dh, ox*sw - pl + j*dw, c] - zp) * w[c, i, j]
 // with positions outside the input contributing 0 (they hold the pad code zp). Exact in int32 while
 // kh * kw * 255 * 128 < 2^31 (checked). Weights (int8 values) arrive as the attribute "weights" in
 // [C, kh, kw] order.
+// QDwConv: the same sums requantized in the same kernel, uint8 out (RequantU8's one-term int64 rule,
+// requant_tail in zonnx_native.h):
+//   y[n, oy, ox, c] = clamp(((M[c] acc + K[c]) + A[c] + sel) >> s[c]) + zs, lo, hi)
+// Each output row's sums stay in a thread-local buffer (cache) and are requantized straight away, so no
+// int32 tensor reaches memory. Exact while |M acc| + |K| < 2^62 (the Python side checks it).
+//
+// On CPUs with AVX-512 VNNI QDwConv takes 64 channels x 4 taps per step: the four taps' bytes are
+// interleaved (vpunpck) so each int32 lane holds one channel's four taps, vpdpbusd sums x w over them
+// (u8 x s8, exact, no saturation), and zp sum_t w[c, t] is subtracted once (taps outside the input read a
+// row of zp bytes, so they add zp w and the subtraction cancels them: the same sum as DwConv). The lanes
+// come out in the order of the interleave (lane 4L + e of quarter q is channel 16L + 4q + e), which the
+// requantization parameters follow; a 4x4 transpose of 32-bit groups puts the bytes back in channel order.
+#include <immintrin.h>
+
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 
+#include "rq_avx512.h"
 #include "zonnx_native.h"
 
 namespace zonnx_native {
@@ -20,15 +37,15 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void tap_row(const u
   for (int64_t k = 0; k < c; ++k) acc[k] += (static_cast<int32_t>(x[k]) - zp) * w[k];
 }
 
-struct DwConvKernel {
+// The geometry and weights of a depthwise conv, and one output row's int32 sums.
+struct DwCore {
   int64_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, channels;
   int32_t zp;
   std::vector<int32_t> w;   // [kh, kw, C]
   int64_t tile = 0;         // a multiple of C near 1024
   std::vector<int32_t> wt;  // [kh, kw, tile]: each tap's weights repeated
 
-  explicit DwConvKernel(const OrtKernelInfo* info) {
-    Ort::ConstKernelInfo ki(info);
+  explicit DwCore(const Ort::ConstKernelInfo& ki) {
     auto k = ki.GetAttributes<int64_t>("kernel");
     auto s = ki.GetAttributes<int64_t>("strides");
     auto d = ki.GetAttributes<int64_t>("dilations");
@@ -57,57 +74,318 @@ struct DwConvKernel {
       for (int64_t e = 0; e < tile; ++e) wt[t * tile + e] = w[t * channels + e % channels];
   }
 
-  void Compute(OrtKernelContext* context) {
-    Ort::KernelContext ctx(context);
-    Ort::ConstValue x = ctx.GetInput(0);
-    auto info = x.GetTensorTypeAndShapeInfo();
-    auto shape = info.GetShape();
-    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape.size() != 4)
-      throw std::runtime_error("DwConv: input must be uint8 NHWC rank 4");
+  struct Geometry {
+    int64_t n, h, wd, c, oh, ow;
+  };
+
+  Geometry geometry(const std::vector<int64_t>& shape) const {
+    if (shape.size() != 4) throw std::runtime_error("DwConv: input must be uint8 NHWC rank 4");
     const int64_t n = shape[0], h = shape[1], wd = shape[2], c = shape[3];
     if (c != channels) throw std::runtime_error("DwConv: input channels differ from the weights");
     const int64_t eh = (kh - 1) * dh + 1, ew = (kw - 1) * dw + 1;
     if (h + pt + pb < eh || wd + pl + pr < ew) throw std::runtime_error("DwConv: kernel larger than the padded input");
-    const int64_t oh = (h + pt + pb - eh) / sh + 1, ow = (wd + pl + pr - ew) / sw + 1;
-    Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, c});
-    int32_t* y = out.GetTensorMutableRawData() ? static_cast<int32_t*>(out.GetTensorMutableRawData()) : nullptr;
+    return {n, h, wd, c, (h + pt + pb - eh) / sh + 1, (wd + pl + pr - ew) / sw + 1};
+  }
+
+  // The int32 sums of output row r (= b oh + oy) into row[ow c].
+  void row_sums(const uint8_t* xv, const Geometry& g, int64_t r, int32_t* row) const {
+    const int64_t b = r / g.oh, oy = r % g.oh, ow = g.ow, c = g.c, h = g.h, wd = g.wd;
+    std::memset(row, 0, sizeof(int32_t) * static_cast<size_t>(ow * c));
+    // stride 1: for each tap, the outputs whose input lies inside form one run, contiguous in both the
+    // input and the output, weighted by the tap's weights repeated every c (wt)
+    for (int64_t i = 0; sw == 1 && i < kh; ++i) {
+      const int64_t iy = oy * sh - pt + i * dh;
+      if (iy < 0 || iy >= h) continue;
+      for (int64_t j = 0; j < kw; ++j) {
+        const int64_t off = j * dw - pl;  // ix = ox + off
+        const int64_t o0 = std::max<int64_t>(0, -off), o1 = std::min<int64_t>(ow, wd - off);
+        if (o1 <= o0) continue;
+        const uint8_t* src = xv + ((b * h + iy) * wd + o0 + off) * c;
+        const int32_t* wrow = wt.data() + (i * kw + j) * tile;
+        for (int64_t e = 0, len = (o1 - o0) * c; e < len; e += tile)
+          tap_row(src + e, wrow, row + o0 * c + e, std::min<int64_t>(tile, len - e), zp);
+      }
+    }
+    for (int64_t ox = 0; sw != 1 && ox < ow; ++ox) {
+      int32_t* acc = row + ox * c;
+      for (int64_t i = 0; i < kh; ++i) {
+        const int64_t iy = oy * sh - pt + i * dh;
+        if (iy < 0 || iy >= h) continue;
+        for (int64_t j = 0; j < kw; ++j) {
+          const int64_t ix = ox * sw - pl + j * dw;
+          if (ix < 0 || ix >= wd) continue;
+          tap_row(xv + ((b * h + iy) * wd + ix) * c, w.data() + (i * kw + j) * c, acc, c, zp);
+        }
+      }
+    }
+  }
+
+  // Output rows per parallel task (at least kGrain multiply-adds each).
+  int64_t rows_per_task(const Geometry& g) const {
+    return std::max<int64_t>(1, kGrain / std::max<int64_t>(g.ow * g.c * kh * kw, 1));
+  }
+};
+
+struct DwConvKernel {
+  DwCore core;
+
+  explicit DwConvKernel(const OrtKernelInfo* info) : core(Ort::ConstKernelInfo(info)) {}
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    Ort::ConstValue x = ctx.GetInput(0);
+    auto info = x.GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
+      throw std::runtime_error("DwConv: input must be uint8 NHWC rank 4");
+    const DwCore::Geometry g = core.geometry(info.GetShape());
+    Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{g.n, g.oh, g.ow, g.c});
+    int32_t* y = static_cast<int32_t*>(out.GetTensorMutableRawData());
     const uint8_t* xv = static_cast<const uint8_t*>(x.GetTensorRawData());
-    const int64_t rows = n * oh;
-    const int64_t per_task = std::max<int64_t>(1, kGrain / std::max<int64_t>(ow * c * kh * kw, 1));
+    const int64_t rows = g.n * g.oh, per_task = core.rows_per_task(g);
     const size_t tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
     parallel_for(ctx, tasks, [&](size_t task) {
       const int64_t r1 = std::min<int64_t>(rows, (static_cast<int64_t>(task) + 1) * per_task);
+      for (int64_t r = static_cast<int64_t>(task) * per_task; r < r1; ++r) core.row_sums(xv, g, r, y + r * g.ow * g.c);
+    });
+  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      Compute(context);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
+    }
+  }
+};
+
+// One row of n sums requantized (channel arrays aligned with the row start).
+template <int KIND>
+inline __attribute__((always_inline)) void rq_loop(const int32_t* __restrict acc, uint8_t* __restrict y, int64_t n,
+                                                   const int64_t* __restrict m, const int64_t* __restrict k,
+                                                   const int64_t* __restrict s, const int64_t* __restrict a,
+                                                   const int64_t* __restrict b, int64_t zs, int64_t lo, int64_t hi) {
+  for (int64_t j = 0; j < n; ++j)
+    y[j] = static_cast<uint8_t>(requant_tail<KIND>(m[j] * static_cast<int64_t>(acc[j]) + k[j], s[j], a[j], b[j], zs, lo, hi));
+}
+__attribute__((target_clones("arch=x86-64-v4", "default"))) void dw_rq_row(
+    const int32_t* acc, uint8_t* y, int64_t n, const int64_t* m, const int64_t* k, const int64_t* s,
+    const int64_t* a, const int64_t* b, int64_t zs, int64_t lo, int64_t hi, int kind) {
+  if (kind == kPlain) rq_loop<kPlain>(acc, y, n, m, k, s, a, b, zs, lo, hi);
+  else if (kind == kParity) rq_loop<kParity>(acc, y, n, m, k, s, a, b, zs, lo, hi);
+  else rq_loop<kSign>(acc, y, n, m, k, s, a, b, zs, lo, hi);
+}
+
+// Lane l of quarter q of a 64-channel block holds channel 16 (l / 4) + 4 q + l % 4 (module comment).
+inline int64_t lane_channel(int64_t q, int64_t l) { return 16 * (l / 4) + 4 * q + l % 4; }
+
+// The AVX-512 VNNI form of a QDwConv: weights as tap quads in lane order, requantization arrays in lane
+// order (RqArgs layout, padded to whole 64-channel blocks).
+struct DwVnni {
+  int64_t taps = 0, quads = 0, blocks = 0;
+  std::vector<int8_t> wq;  // [block][quad][quarter q][lane l][4 taps]
+  std::vector<int32_t> zw, m32;
+  std::vector<int64_t> m, k, s, a, b, ke, ko, se, so, ae, ao, be, bo;
+  std::vector<uint8_t> zrow;  // zp bytes: the taps outside the input read it
+
+  DwVnni(const DwCore& core, const std::vector<int64_t>& mult, const std::vector<int64_t>& cnst,
+         const std::vector<int64_t>& shift, const std::vector<int64_t>& addend, const std::vector<int64_t>& bmask,
+         int kind) {
+    const int64_t c = core.channels;
+    taps = core.kh * core.kw;
+    quads = (taps + 3) / 4;
+    blocks = (c + 63) / 64;
+    const size_t padded = static_cast<size_t>(blocks * 64);
+    wq.assign(static_cast<size_t>(blocks * quads * 256), 0);
+    for (auto* v : {&m, &k, &s, &a, &b}) v->assign(padded, 0);
+    zw.assign(padded, 0);
+    for (int64_t bl = 0; bl < blocks; ++bl)
+      for (int64_t q = 0; q < 4; ++q)
+        for (int64_t l = 0; l < 16; ++l) {
+          const int64_t ch = 64 * bl + lane_channel(q, l);
+          const size_t at = static_cast<size_t>(64 * bl + 16 * q + l);
+          if (ch >= c) continue;
+          int64_t sw = 0;
+          for (int64_t t = 0; t < taps; ++t) {
+            const int32_t wv = core.w[static_cast<size_t>(t * c + ch)];
+            sw += wv;
+            wq[static_cast<size_t>(((bl * quads + t / 4) * 64 + 16 * q + l) * 4 + t % 4)] = static_cast<int8_t>(wv);
+          }
+          zw[at] = static_cast<int32_t>(core.zp * sw);
+          m[at] = mult[static_cast<size_t>(ch)];
+          k[at] = cnst[static_cast<size_t>(ch)];
+          s[at] = shift[static_cast<size_t>(ch)];
+          a[at] = addend[static_cast<size_t>(ch)];
+          b[at] = bmask[static_cast<size_t>(ch)];
+        }
+    if (std::all_of(m.begin(), m.end(), [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }))
+      m32.assign(m.begin(), m.end());
+    std::vector<int64_t> kf = k;  // rq16_32's kPlain form: K + A (fold_plain)
+    if (kind == kPlain)
+      for (size_t j = 0; j < padded; ++j) kf[j] = fold_plain(k[j], a[j]);
+    const std::vector<int64_t>* src[4] = {&kf, &s, &a, &b};
+    std::vector<int64_t>* even[4] = {&ke, &se, &ae, &be};
+    std::vector<int64_t>* odd[4] = {&ko, &so, &ao, &bo};
+    for (int t = 0; t < 4; ++t) {
+      even[t]->assign(padded / 2, 0);
+      odd[t]->assign(padded / 2, 0);
+      for (size_t j = 0; j < padded; ++j) (j % 2 ? odd[t] : even[t])->at(j / 16 * 8 + j % 16 / 2) = (*src[t])[j];
+    }
+    zrow.assign(padded, static_cast<uint8_t>(core.zp));
+  }
+
+  RqArgs args(int64_t bl, int64_t zs, int64_t lo, int64_t hi) const {
+    const size_t o = static_cast<size_t>(64 * bl), h = o / 2;
+    return RqArgs{zw.data() + o, m.data() + o, k.data() + o, s.data() + o, a.data() + o, b.data() + o,
+                  zs, lo, hi, 64, m32.empty() ? nullptr : m32.data() + o, ke.data() + h, ko.data() + h,
+                  se.data() + h, so.data() + h, ae.data() + h, ao.data() + h, be.data() + h, bo.data() + h};
+  }
+};
+
+// One output position, all channels: ptr[t] is tap t's input pixel (or the zp row), y the output pixel.
+template <int KIND, bool M32>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_pixel(
+    const DwVnni& v, const uint8_t* const* ptr, int64_t c, uint8_t* y, int64_t zs, int64_t lo, int64_t hi) {
+  for (int64_t bl = 0; bl < v.blocks; ++bl) {
+    const int64_t c0 = 64 * bl, left = c - c0;
+    const __mmask64 mask = left >= 64 ? ~__mmask64(0) : ((__mmask64(1) << left) - 1);
+    __m512i q0 = _mm512_setzero_si512(), q1 = q0, q2 = q0, q3 = q0;
+    const int8_t* wb = v.wq.data() + bl * v.quads * 256;
+    for (int64_t g = 0; g < v.quads; ++g, wb += 256) {
+      const __m512i x0 = _mm512_maskz_loadu_epi8(mask, ptr[4 * g] + c0);
+      const __m512i x1 = _mm512_maskz_loadu_epi8(mask, ptr[4 * g + 1] + c0);
+      const __m512i x2 = _mm512_maskz_loadu_epi8(mask, ptr[4 * g + 2] + c0);
+      const __m512i x3 = _mm512_maskz_loadu_epi8(mask, ptr[4 * g + 3] + c0);
+      const __m512i ab0 = _mm512_unpacklo_epi8(x0, x1), ab1 = _mm512_unpackhi_epi8(x0, x1);
+      const __m512i cd0 = _mm512_unpacklo_epi8(x2, x3), cd1 = _mm512_unpackhi_epi8(x2, x3);
+      q0 = _mm512_dpbusd_epi32(q0, _mm512_unpacklo_epi16(ab0, cd0), _mm512_loadu_si512(wb));
+      q1 = _mm512_dpbusd_epi32(q1, _mm512_unpackhi_epi16(ab0, cd0), _mm512_loadu_si512(wb + 64));
+      q2 = _mm512_dpbusd_epi32(q2, _mm512_unpacklo_epi16(ab1, cd1), _mm512_loadu_si512(wb + 128));
+      q3 = _mm512_dpbusd_epi32(q3, _mm512_unpackhi_epi16(ab1, cd1), _mm512_loadu_si512(wb + 192));
+    }
+    const RqArgs rq = v.args(bl, zs, lo, hi);
+    // r[q] lane 4 L + e is channel 16 L + 4 q + e: transpose the 4 x 4 groups of 4 bytes
+    const __m128i r0 = _mm512_cvtepi32_epi8(M32 ? rq16_32_values<KIND>(q0, rq, 0) : rq16_values<KIND>(q0, rq, 0));
+    const __m128i r1 = _mm512_cvtepi32_epi8(M32 ? rq16_32_values<KIND>(q1, rq, 16) : rq16_values<KIND>(q1, rq, 16));
+    const __m128i r2 = _mm512_cvtepi32_epi8(M32 ? rq16_32_values<KIND>(q2, rq, 32) : rq16_values<KIND>(q2, rq, 32));
+    const __m128i r3 = _mm512_cvtepi32_epi8(M32 ? rq16_32_values<KIND>(q3, rq, 48) : rq16_values<KIND>(q3, rq, 48));
+    const __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
+    const __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
+    __m512i out = _mm512_castsi128_si512(_mm_unpacklo_epi64(t0, t1));
+    out = _mm512_inserti32x4(out, _mm_unpackhi_epi64(t0, t1), 1);
+    out = _mm512_inserti32x4(out, _mm_unpacklo_epi64(t2, t3), 2);
+    out = _mm512_inserti32x4(out, _mm_unpackhi_epi64(t2, t3), 3);
+    _mm512_mask_storeu_epi8(y + c0, mask, out);
+  }
+}
+
+using DwPixelFn = void (*)(const DwVnni&, const uint8_t* const*, int64_t, uint8_t*, int64_t, int64_t, int64_t);
+DwPixelFn dw_vnni_for(int kind, bool m32) {
+  if (kind == kParity) return m32 ? dw_vnni_pixel<kParity, true> : dw_vnni_pixel<kParity, false>;
+  if (kind == kSign) return m32 ? dw_vnni_pixel<kSign, true> : dw_vnni_pixel<kSign, false>;
+  return m32 ? dw_vnni_pixel<kPlain, true> : dw_vnni_pixel<kPlain, false>;
+}
+
+struct QDwConvKernel {
+  DwCore core;
+  int kind;
+  int64_t zs, lo, hi;
+  std::vector<int64_t> mult, cnst, shift, addend, bmask;  // per channel, repeated to core.tile
+  std::unique_ptr<DwVnni> vnni;                            // the AVX-512 VNNI form (qconv_isa() == 2)
+  DwPixelFn pixel = nullptr;
+
+  explicit QDwConvKernel(const OrtKernelInfo* info) : core(Ort::ConstKernelInfo(info)) {
+    Ort::ConstKernelInfo ki(info);
+    auto m = ki.GetAttributes<int64_t>("mult");
+    auto k = ki.GetAttributes<int64_t>("cnst");
+    auto s = ki.GetAttributes<int64_t>("shift");
+    const int64_t mode = ki.GetAttribute<int64_t>("mode");
+    zs = ki.GetAttribute<int64_t>("zs");
+    lo = ki.GetAttribute<int64_t>("lo");
+    hi = ki.GetAttribute<int64_t>("hi");
+    const size_t c = static_cast<size_t>(core.channels);
+    if (m.size() != c || k.size() != c || s.size() != c || mode < 0 || mode > 6 || lo < 0 || hi > 255 || lo > hi)
+      throw std::runtime_error("QDwConv: inconsistent requantization attributes (mult, cnst, shift, mode, lo, hi)");
+    kind = round_kind(static_cast<int>(mode));
+    for (int64_t e = 0; e < core.tile; ++e) {
+      const size_t ch = static_cast<size_t>(e) % c;
+      if (s[ch] < 0 || s[ch] > 62) throw std::runtime_error("QDwConv: shift outside [0, 62]");
+      const RoundParams rp = round_params(static_cast<int>(mode), s[ch]);
+      mult.push_back(m[ch]);
+      cnst.push_back(k[ch]);
+      shift.push_back(s[ch]);
+      addend.push_back(rp.addend);
+      bmask.push_back(rp.bmask);
+    }
+    if (qconv_isa() == 2) {
+      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind);
+      pixel = dw_vnni_for(kind, !vnni->m32.empty());
+    }
+  }
+
+  // The VNNI path over output rows [r0, r1): per position, the tap pointers, then dw_vnni_pixel.
+  void rows_vnni(const uint8_t* xv, const DwCore::Geometry& g, int64_t r0, int64_t r1, uint8_t* y) const {
+    const DwCore& k = core;
+    std::vector<const uint8_t*> ptr(static_cast<size_t>(vnni->quads * 4), vnni->zrow.data());
+    std::vector<char> row_in(static_cast<size_t>(k.kh));
+    // interior columns: every tap of the row inside the input; there the pointers only step by sw c
+    const int64_t in0 = (k.pl + k.sw - 1) / k.sw, ext = (k.kw - 1) * k.dw;
+    const int64_t in1 = g.wd - 1 - ext + k.pl >= 0 ? (g.wd - 1 - ext + k.pl) / k.sw + 1 : 0;
+    const int64_t step = k.sw * g.c;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / g.oh, oy = r % g.oh;
+      for (int64_t i = 0; i < k.kh; ++i) {
+        const int64_t iy = oy * k.sh - k.pt + i * k.dh;
+        row_in[static_cast<size_t>(i)] = iy >= 0 && iy < g.h;
+      }
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        if (ox > in0 && ox < in1) {
+          for (int64_t t = 0; t < vnni->taps; ++t)
+            if (row_in[static_cast<size_t>(t / k.kw)]) ptr[static_cast<size_t>(t)] += step;
+          pixel(*vnni, ptr.data(), g.c, y + (r * g.ow + ox) * g.c, zs, lo, hi);
+          continue;
+        }
+        for (int64_t i = 0; i < k.kh; ++i) {
+          const int64_t iy = oy * k.sh - k.pt + i * k.dh;
+          for (int64_t j = 0; j < k.kw; ++j) {
+            const int64_t ix = ox * k.sw - k.pl + j * k.dw;
+            const bool in = iy >= 0 && iy < g.h && ix >= 0 && ix < g.wd;
+            ptr[static_cast<size_t>(i * k.kw + j)] = in ? xv + ((b * g.h + iy) * g.wd + ix) * g.c : vnni->zrow.data();
+          }
+        }
+        pixel(*vnni, ptr.data(), g.c, y + (r * g.ow + ox) * g.c, zs, lo, hi);
+      }
+    }
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    Ort::ConstValue x = ctx.GetInput(0);
+    auto info = x.GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
+      throw std::runtime_error("QDwConv: input must be uint8 NHWC rank 4");
+    const DwCore::Geometry g = core.geometry(info.GetShape());
+    Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{g.n, g.oh, g.ow, g.c});
+    uint8_t* y = static_cast<uint8_t*>(out.GetTensorMutableRawData());
+    const uint8_t* xv = static_cast<const uint8_t*>(x.GetTensorRawData());
+    const int64_t rows = g.n * g.oh, per_task = core.rows_per_task(g), len = g.ow * g.c;
+    const size_t tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
+    if (vnni) {
+      parallel_for(ctx, tasks, [&](size_t task) {
+        const int64_t r0 = static_cast<int64_t>(task) * per_task;
+        rows_vnni(xv, g, r0, std::min<int64_t>(rows, r0 + per_task), y);
+      });
+      return;
+    }
+    parallel_for(ctx, tasks, [&](size_t task) {
+      thread_local std::vector<int32_t> buf;
+      if (buf.size() < static_cast<size_t>(len)) buf.resize(static_cast<size_t>(len));
+      const int64_t r1 = std::min<int64_t>(rows, (static_cast<int64_t>(task) + 1) * per_task);
       for (int64_t r = static_cast<int64_t>(task) * per_task; r < r1; ++r) {
-        const int64_t b = r / oh, oy = r % oh;
-        int32_t* row = y + r * ow * c;
-        std::memset(row, 0, sizeof(int32_t) * static_cast<size_t>(ow * c));
-        // stride 1: for each tap, the outputs whose input lies inside form one run, contiguous in both the
-        // input and the output, weighted by the tap's weights repeated every c (wt)
-        for (int64_t i = 0; sw == 1 && i < kh; ++i) {
-          const int64_t iy = oy * sh - pt + i * dh;
-          if (iy < 0 || iy >= h) continue;
-          for (int64_t j = 0; j < kw; ++j) {
-            const int64_t off = j * dw - pl;  // ix = ox + off
-            const int64_t o0 = std::max<int64_t>(0, -off), o1 = std::min<int64_t>(ow, wd - off);
-            if (o1 <= o0) continue;
-            const uint8_t* src = xv + ((b * h + iy) * wd + o0 + off) * c;
-            const int32_t* wrow = wt.data() + (i * kw + j) * tile;
-            for (int64_t e = 0, len = (o1 - o0) * c; e < len; e += tile)
-              tap_row(src + e, wrow, row + o0 * c + e, std::min<int64_t>(tile, len - e), zp);
-          }
-        }
-        for (int64_t ox = 0; sw != 1 && ox < ow; ++ox) {
-          int32_t* acc = y + (r * ow + ox) * c;
-          for (int64_t i = 0; i < kh; ++i) {
-            const int64_t iy = oy * sh - pt + i * dh;
-            if (iy < 0 || iy >= h) continue;
-            for (int64_t j = 0; j < kw; ++j) {
-              const int64_t ix = ox * sw - pl + j * dw;
-              if (ix < 0 || ix >= wd) continue;
-              tap_row(xv + ((b * h + iy) * wd + ix) * c, w.data() + (i * kw + j) * c, acc, c, zp);
-            }
-          }
-        }
+        core.row_sums(xv, g, r, buf.data());
+        uint8_t* yr = y + r * len;
+        for (int64_t e = 0; e < len; e += core.tile)  // core.tile is a multiple of C: channels stay aligned
+          dw_rq_row(buf.data() + e, yr + e, std::min<int64_t>(core.tile, len - e), mult.data(), cnst.data(),
+                    shift.data(), addend.data(), bmask.data(), zs, lo, hi, kind);
       }
     });
   }
@@ -137,10 +415,30 @@ struct DwConvOp : Ort::CustomOpBase<DwConvOp, DwConvKernel, true> {
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32; }
 };
 
+struct QDwConvOp : Ort::CustomOpBase<QDwConvOp, QDwConvKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new QDwConvKernel(info);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string("zonnx.native ") + e.what()).c_str());
+    }
+  }
+  const char* GetName() const { return "QDwConv"; }
+  size_t GetInputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
+};
+
 }  // namespace
 
 const OrtCustomOp* dwconv_op() {
   static const DwConvOp op;
+  return &op;
+}
+const OrtCustomOp* qdwconv_op() {
+  static const QDwConvOp op;
   return &op;
 }
 

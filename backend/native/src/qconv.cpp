@@ -21,10 +21,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "rq_avx512.h"
 #include "zonnx_native.h"
 
-// GCC 12 warns inside its own AVX-512 intrinsics headers (_mm512_undefined_* as "maybe uninitialized").
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace zonnx_native {
 namespace {
@@ -34,8 +33,6 @@ constexpr int kLanes = 16;  // output channels per vector block
 constexpr int kNV = 4;      // vector blocks per panel: a panel is 64 output channels
 static_assert(kNV == 4, "mk_vnni names four accumulators per row");
 constexpr int kPanel = kLanes * kNV;
-
-enum Kind { kPlain, kParity, kSign };
 
 // The GEMM path: 2 = AVX-512 VNNI, 1 = AVX-VNNI (256-bit VEX), 0 = portable. $ZONNX_NATIVE_ISA = baseline
 // or avx-vnni caps it (tests of every path on one machine).
@@ -52,77 +49,6 @@ int select_isa() {
 // ---- micro-kernels: c[r][j] = sum_{q < kq} sum_{t < 4} a[r][4q + t] b[q][j][t], j < nv 16 --------------
 // b is one panel: for each k-quad q, 64 lanes x 4 bytes (lanes beyond the channels hold zero weights).
 
-// Requantization arguments of one panel (arrays padded to 64 channels) and one output row's destination.
-struct RqArgs {
-  const int32_t* zw;
-  const int64_t *m, *k, *s, *a, *b;
-  int64_t zs, lo, hi;
-  int nch;
-  const int32_t* m32;                  // the multipliers as int32 (when they all fit)
-  const int64_t *ke, *ko, *se, *so;    // k and s of the even / odd channels of each 16-channel group
-  const int64_t *ae, *ao, *be, *bo;    // a and b likewise
-};
-
-// rq16 for int32 multipliers without widening the accumulators: vpmuldq multiplies the even int32 lanes
-// (and, after a 32-bit shift, the odd ones) into int64 products; after the shift and the clamp to
-// [lo - zs, hi - zs] every value fits int32, so the even and odd results interleave back into 16 int32
-// lanes (clamp(v + zs, lo, hi) = clamp(v, lo - zs, hi - zs) + zs). The same integers as rq_loop.
-template <int KIND>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_32(
-    __m512i acc, const RqArgs& q, int j0, uint8_t* y) {
-  if (j0 >= q.nch) return;
-  const int g = j0 / 2;
-  const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
-  const __m512i m = _mm512_loadu_si512(q.m32 + j0);
-  const __m512i pe = _mm512_add_epi64(_mm512_mul_epi32(d, m), _mm512_loadu_si512(q.ke + g));
-  const __m512i po = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(d, 32), _mm512_srli_epi64(m, 32)),
-                                      _mm512_loadu_si512(q.ko + g));
-  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
-  __m512i te = _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
-  __m512i to = _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
-  if (KIND == kParity) {
-    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
-    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
-  }
-  if (KIND == kSign) {
-    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
-    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
-  }
-  const __m512i lo = _mm512_set1_epi64(q.lo - q.zs), hi = _mm512_set1_epi64(q.hi - q.zs);
-  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), lo), hi);
-  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), lo), hi);
-  __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
-  v = _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
-  const int left = q.nch - j0;
-  const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-  _mm512_mask_cvtepi32_storeu_epi8(y + j0, mask, v);
-}
-
-// RequantU8's single-shift int64 rule on 16 accumulators (channels j0 .. j0 + 15) in registers, stored as
-// bytes: the same integers as rq_loop, 8 int64 lanes at a time (M32: multipliers fit int32, vpmuldq).
-template <int KIND, bool M32>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16(
-    __m512i acc, const RqArgs& q, int j0, uint8_t* y) {
-  if (j0 >= q.nch) return;
-  const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
-  for (int h = 0; h < 2; ++h) {
-    const int j = j0 + 8 * h;
-    if (j >= q.nch) return;
-    const __m512i x = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(d, 1) : _mm512_castsi512_si256(d));
-    const __m512i m = _mm512_loadu_si512(q.m + j);
-    __m512i p = M32 ? _mm512_mul_epi32(x, m) : _mm512_mullo_epi64(x, m);
-    p = _mm512_add_epi64(p, _mm512_loadu_si512(q.k + j));
-    const __m512i sh = _mm512_loadu_si512(q.s + j);
-    __m512i t = _mm512_add_epi64(p, _mm512_loadu_si512(q.a + j));
-    if (KIND == kParity) t = _mm512_add_epi64(t, _mm512_and_si512(_mm512_srav_epi64(p, sh), _mm512_loadu_si512(q.b + j)));
-    if (KIND == kSign) t = _mm512_add_epi64(t, _mm512_and_si512(_mm512_srai_epi64(p, 63), _mm512_loadu_si512(q.b + j)));
-    __m512i v = _mm512_add_epi64(_mm512_srav_epi64(t, sh), _mm512_set1_epi64(q.zs));
-    v = _mm512_min_epi64(_mm512_max_epi64(v, _mm512_set1_epi64(q.lo)), _mm512_set1_epi64(q.hi));
-    const __mmask8 mask = j + 8 <= q.nch ? __mmask8(0xFF) : __mmask8((1u << (q.nch - j)) - 1);
-    _mm512_mask_cvtepi64_storeu_epi8(y + j, mask, v);
-  }
-}
-
 // Accumulators are named variables (GCC keeps them in registers; an array of vectors it spills).
 #define ZN_ACC(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
 #define ZN_ROW(r)                                                                  \
@@ -131,28 +57,30 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
     std::memcpy(&quad, a + r * lda + 4 * q, 4);                                    \
     const __m512i av = _mm512_set1_epi32(quad);                                    \
     c##r##0 = _mm512_dpbusd_epi32(c##r##0, av, b0);                                \
-    c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);                                \
-    c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);                                \
-    c##r##3 = _mm512_dpbusd_epi32(c##r##3, av, b3);                                \
+    if constexpr (NV > 1) c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);          \
+    if constexpr (NV > 2) c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);          \
+    if constexpr (NV > 3) c##r##3 = _mm512_dpbusd_epi32(c##r##3, av, b3);          \
   }
 #define ZN_STORE(r)                                                                \
   if constexpr (MR > r) {                                                          \
     uint8_t* yr = y + r * ldy;                                                     \
     if constexpr (M32) {                                                           \
       rq16_32<KIND>(c##r##0, rq, 0, yr);                                           \
-      rq16_32<KIND>(c##r##1, rq, 16, yr);                                          \
-      rq16_32<KIND>(c##r##2, rq, 32, yr);                                          \
-      rq16_32<KIND>(c##r##3, rq, 48, yr);                                          \
+      if constexpr (NV > 1) rq16_32<KIND>(c##r##1, rq, 16, yr);                    \
+      if constexpr (NV > 2) rq16_32<KIND>(c##r##2, rq, 32, yr);                    \
+      if constexpr (NV > 3) rq16_32<KIND>(c##r##3, rq, 48, yr);                    \
     } else {                                                                       \
       rq16<KIND, false>(c##r##0, rq, 0, yr);                                       \
-      rq16<KIND, false>(c##r##1, rq, 16, yr);                                      \
-      rq16<KIND, false>(c##r##2, rq, 32, yr);                                      \
-      rq16<KIND, false>(c##r##3, rq, 48, yr);                                      \
+      if constexpr (NV > 1) rq16<KIND, false>(c##r##1, rq, 16, yr);                \
+      if constexpr (NV > 2) rq16<KIND, false>(c##r##2, rq, 32, yr);                \
+      if constexpr (NV > 3) rq16<KIND, false>(c##r##3, rq, 48, yr);                \
     }                                                                              \
   }
 
-// MR output positions x one 64-channel panel: the int32 sums by vpdpbusd, then requantized to y rows.
-template <int MR, int KIND, bool M32>
+// MR output positions x the first NV 16-lane blocks of one 64-channel panel (NV < 4 only for the last,
+// partial panel: the blocks beyond its channels hold zero weights and are skipped): the int32 sums by
+// vpdpbusd, then requantized to y rows.
+template <int MR, int KIND, bool M32, int NV>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(const uint8_t* a, int64_t lda,
                                                                               const int8_t* b, int64_t kq,
                                                                               const RqArgs& rq, uint8_t* y,
@@ -160,8 +88,10 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
   ZN_ACC(0) ZN_ACC(1) ZN_ACC(2) ZN_ACC(3) ZN_ACC(4) ZN_ACC(5)
   for (int64_t q = 0; q < kq; ++q) {
     const int8_t* bq = b + q * kPanel * 4;
-    const __m512i b0 = _mm512_loadu_si512(bq), b1 = _mm512_loadu_si512(bq + 64);
-    const __m512i b2 = _mm512_loadu_si512(bq + 128), b3 = _mm512_loadu_si512(bq + 192);
+    const __m512i b0 = _mm512_loadu_si512(bq);
+    const __m512i b1 = NV > 1 ? _mm512_loadu_si512(bq + 64) : b0;
+    const __m512i b2 = NV > 2 ? _mm512_loadu_si512(bq + 128) : b0;
+    const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
     ZN_ROW(0) ZN_ROW(1) ZN_ROW(2) ZN_ROW(3) ZN_ROW(4) ZN_ROW(5)
   }
   ZN_STORE(0) ZN_STORE(1) ZN_STORE(2) ZN_STORE(3) ZN_STORE(4) ZN_STORE(5)
@@ -237,21 +167,150 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void mk_portable(con
 }
 
 using VnniFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const RqArgs&, uint8_t*, int64_t);
-template <int KIND, bool M32>
+template <int KIND, bool M32, int NV>
 VnniFn vnni_for(int mr) {
   switch (mr) {
-    case 1: return mk_vnni<1, KIND, M32>;
-    case 2: return mk_vnni<2, KIND, M32>;
-    case 3: return mk_vnni<3, KIND, M32>;
-    case 4: return mk_vnni<4, KIND, M32>;
-    case 5: return mk_vnni<5, KIND, M32>;
-    default: return mk_vnni<6, KIND, M32>;
+    case 1: return mk_vnni<1, KIND, M32, NV>;
+    case 2: return mk_vnni<2, KIND, M32, NV>;
+    case 3: return mk_vnni<3, KIND, M32, NV>;
+    case 4: return mk_vnni<4, KIND, M32, NV>;
+    case 5: return mk_vnni<5, KIND, M32, NV>;
+    default: return mk_vnni<6, KIND, M32, NV>;
   }
 }
-VnniFn vnni_kernel(int mr, int kind, bool m32) {
-  if (kind == kParity) return m32 ? vnni_for<kParity, true>(mr) : vnni_for<kParity, false>(mr);
-  if (kind == kSign) return m32 ? vnni_for<kSign, true>(mr) : vnni_for<kSign, false>(mr);
-  return m32 ? vnni_for<kPlain, true>(mr) : vnni_for<kPlain, false>(mr);
+template <int KIND, bool M32>
+VnniFn vnni_nv(int mr, int nv) {
+  if (nv == 1) return vnni_for<KIND, M32, 1>(mr);
+  if (nv == 2) return vnni_for<KIND, M32, 2>(mr);
+  return vnni_for<KIND, M32, 4>(mr);  // 3 blocks run as 4 (the fourth holds zero weights, not stored)
+}
+// The micro-kernel for mr positions, nv 16-lane blocks, a rounding kind and the multipliers' width.
+VnniFn vnni_kernel(int mr, int nv, int kind, bool m32) {
+  if (kind == kParity) return m32 ? vnni_nv<kParity, true>(mr, nv) : vnni_nv<kParity, false>(mr, nv);
+  if (kind == kSign) return m32 ? vnni_nv<kSign, true>(mr, nv) : vnni_nv<kSign, false>(mr, nv);
+  return m32 ? vnni_nv<kPlain, true>(mr, nv) : vnni_nv<kPlain, false>(mr, nv);
+}
+
+// ---- 16-bit inputs (QConv16): two byte planes, one int64 requantization ---------------------------------
+// A stored 16-bit code is 256 hi + lo (bytes); sum x w = 256 sum hi w + sum lo w, each plane's sum exact in
+// int32 (vpdpbusd, K 255 128 < 2^31), combined in int64: t = 256 S_hi + S_lo - zs sum w, then
+// p = M t + K and requant_tail, stored as int32 codes.
+struct Rq16Args {
+  const int64_t *zw, *m, *k, *s, *a, *b;
+  int64_t zs, lo, hi;
+  int nch;
+};
+
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_wide(
+    __m512i lo, __m512i hi, const Rq16Args& q, int j0, int32_t* y) {
+  for (int h = 0; h < 2; ++h) {
+    const int j = j0 + 8 * h;
+    if (j >= q.nch) return;
+    const __m512i l64 = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(lo, 1) : _mm512_castsi512_si256(lo));
+    const __m512i h64 = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(hi, 1) : _mm512_castsi512_si256(hi));
+    const __m512i t = _mm512_sub_epi64(_mm512_add_epi64(_mm512_slli_epi64(h64, 8), l64), _mm512_loadu_si512(q.zw + j));
+    const __m512i p = _mm512_add_epi64(_mm512_mullo_epi64(t, _mm512_loadu_si512(q.m + j)), _mm512_loadu_si512(q.k + j));
+    const __m512i sh = _mm512_loadu_si512(q.s + j);
+    __m512i u = _mm512_add_epi64(p, _mm512_loadu_si512(q.a + j));
+    if (KIND == kParity) u = _mm512_add_epi64(u, _mm512_and_si512(_mm512_srav_epi64(p, sh), _mm512_loadu_si512(q.b + j)));
+    if (KIND == kSign) u = _mm512_add_epi64(u, _mm512_and_si512(_mm512_srai_epi64(p, 63), _mm512_loadu_si512(q.b + j)));
+    __m512i v = _mm512_add_epi64(_mm512_srav_epi64(u, sh), _mm512_set1_epi64(q.zs));
+    v = _mm512_min_epi64(_mm512_max_epi64(v, _mm512_set1_epi64(q.lo)), _mm512_set1_epi64(q.hi));
+    const __mmask8 mask = j + 8 <= q.nch ? __mmask8(0xFF) : __mmask8((1u << (q.nch - j)) - 1);
+    _mm512_mask_cvtepi64_storeu_epi32(y + j, mask, v);
+  }
+}
+
+#define ZN_ACC16(r) __m512i l##r##0 = _mm512_setzero_si512(), l##r##1 = l##r##0, l##r##2 = l##r##0, l##r##3 = l##r##0, \
+                            h##r##0 = l##r##0, h##r##1 = l##r##0, h##r##2 = l##r##0, h##r##3 = l##r##0;
+#define ZN_ROW16(r)                                                                \
+  if constexpr (MR > r) {                                                          \
+    int32_t ql, qh;                                                                \
+    std::memcpy(&ql, a + r * lda + 4 * q, 4);                                      \
+    std::memcpy(&qh, a + r * lda + kp + 4 * q, 4);                                 \
+    const __m512i al = _mm512_set1_epi32(ql), ah = _mm512_set1_epi32(qh);          \
+    l##r##0 = _mm512_dpbusd_epi32(l##r##0, al, b0);                                \
+    h##r##0 = _mm512_dpbusd_epi32(h##r##0, ah, b0);                                \
+    if constexpr (NV > 1) {                                                        \
+      l##r##1 = _mm512_dpbusd_epi32(l##r##1, al, b1);                              \
+      h##r##1 = _mm512_dpbusd_epi32(h##r##1, ah, b1);                              \
+    }                                                                              \
+    if constexpr (NV > 2) {                                                        \
+      l##r##2 = _mm512_dpbusd_epi32(l##r##2, al, b2);                              \
+      h##r##2 = _mm512_dpbusd_epi32(h##r##2, ah, b2);                              \
+    }                                                                              \
+    if constexpr (NV > 3) {                                                        \
+      l##r##3 = _mm512_dpbusd_epi32(l##r##3, al, b3);                              \
+      h##r##3 = _mm512_dpbusd_epi32(h##r##3, ah, b3);                              \
+    }                                                                              \
+  }
+#define ZN_STORE16(r)                                                              \
+  if constexpr (MR > r) {                                                          \
+    int32_t* yr = y + r * ldy;                                                     \
+    rq16_wide<KIND>(l##r##0, h##r##0, rq, 0, yr);                                  \
+    if constexpr (NV > 1) rq16_wide<KIND>(l##r##1, h##r##1, rq, 16, yr);           \
+    if constexpr (NV > 2) rq16_wide<KIND>(l##r##2, h##r##2, rq, 32, yr);           \
+    if constexpr (NV > 3) rq16_wide<KIND>(l##r##3, h##r##3, rq, 48, yr);           \
+  }
+
+// MR <= 3 output positions (rows of lda bytes: the low plane's kp bytes, then the high plane's) x NV blocks.
+template <int MR, int KIND, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(const uint8_t* a, int64_t lda,
+                                                                                int64_t kp, const int8_t* b,
+                                                                                const Rq16Args& rq, int32_t* y,
+                                                                                int64_t ldy) {
+  ZN_ACC16(0) ZN_ACC16(1) ZN_ACC16(2)
+  for (int64_t q = 0; q < kp / 4; ++q) {
+    const int8_t* bq = b + q * kPanel * 4;
+    const __m512i b0 = _mm512_loadu_si512(bq);
+    const __m512i b1 = NV > 1 ? _mm512_loadu_si512(bq + 64) : b0;
+    const __m512i b2 = NV > 2 ? _mm512_loadu_si512(bq + 128) : b0;
+    const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
+    ZN_ROW16(0) ZN_ROW16(1) ZN_ROW16(2)
+  }
+  ZN_STORE16(0) ZN_STORE16(1) ZN_STORE16(2)
+}
+#undef ZN_ACC16
+#undef ZN_ROW16
+#undef ZN_STORE16
+
+using Vnni16Fn = void (*)(const uint8_t*, int64_t, int64_t, const int8_t*, const Rq16Args&, int32_t*, int64_t);
+template <int KIND, int NV>
+Vnni16Fn vnni16_for(int mr) {
+  return mr == 1 ? mk_vnni16<1, KIND, NV> : (mr == 2 ? mk_vnni16<2, KIND, NV> : mk_vnni16<3, KIND, NV>);
+}
+template <int KIND>
+Vnni16Fn vnni16_nv(int mr, int nv) {
+  if (nv == 1) return vnni16_for<KIND, 1>(mr);
+  if (nv == 2) return vnni16_for<KIND, 2>(mr);
+  return vnni16_for<KIND, 4>(mr);
+}
+Vnni16Fn vnni16_kernel(int mr, int nv, int kind) {
+  if (kind == kParity) return vnni16_nv<kParity>(mr, nv);
+  if (kind == kSign) return vnni16_nv<kSign>(mr, nv);
+  return vnni16_nv<kPlain>(mr, nv);
+}
+
+// The portable form: t = 256 hi + lo - zw in int64, requant_tail, int32 codes.
+template <int KIND>
+inline __attribute__((always_inline)) void rq16_loop(const int32_t* __restrict lo_acc, const int32_t* __restrict hi_acc,
+                                                     int32_t* __restrict y, int n, const int64_t* __restrict zw,
+                                                     const int64_t* __restrict m, const int64_t* __restrict k,
+                                                     const int64_t* __restrict s, const int64_t* __restrict a,
+                                                     const int64_t* __restrict b, int64_t zs, int64_t lo, int64_t hi) {
+  for (int j = 0; j < n; ++j) {
+    const int64_t t = 256 * static_cast<int64_t>(hi_acc[j]) + lo_acc[j] - zw[j];
+    y[j] = static_cast<int32_t>(requant_tail<KIND>(m[j] * t + k[j], s[j], a[j], b[j], zs, lo, hi));
+  }
+}
+__attribute__((target_clones("arch=x86-64-v4", "default"))) void rq16_row(
+    const int32_t* lo_acc, const int32_t* hi_acc, int32_t* y, int n, const int64_t* zw, const int64_t* m,
+    const int64_t* k, const int64_t* s, const int64_t* a, const int64_t* b, int64_t zs, int64_t lo, int64_t hi,
+    int kind) {
+  if (kind == kPlain) rq16_loop<kPlain>(lo_acc, hi_acc, y, n, zw, m, k, s, a, b, zs, lo, hi);
+  else if (kind == kParity) rq16_loop<kParity>(lo_acc, hi_acc, y, n, zw, m, k, s, a, b, zs, lo, hi);
+  else rq16_loop<kSign>(lo_acc, hi_acc, y, n, zw, m, k, s, a, b, zs, lo, hi);
 }
 
 // ---- requantization of one output position's channels (RequantU8's single-shift int64 rule) ----------
@@ -263,10 +322,7 @@ inline __attribute__((always_inline)) void rq_loop(const int32_t* __restrict acc
                                                    int64_t zs, int64_t lo, int64_t hi) {
   for (int j = 0; j < n; ++j) {
     const int64_t p = m[j] * static_cast<int64_t>(acc[j] - zw[j]) + k[j];
-    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[j]) : (p >> 63)) & b[j]);
-    int64_t v = ((p + a[j] + sel) >> s[j]) + zs;
-    v = v < lo ? lo : (v > hi ? hi : v);
-    y[j] = static_cast<uint8_t>(v);
+    y[j] = static_cast<uint8_t>(requant_tail<KIND>(p, s[j], a[j], b[j], zs, lo, hi));
   }
 }
 
@@ -280,10 +336,7 @@ inline __attribute__((always_inline)) void rq_loop32(const int32_t* __restrict a
                                                      int64_t zs, int64_t lo, int64_t hi) {
   for (int j = 0; j < n; ++j) {
     const int64_t p = static_cast<int64_t>(m[j]) * static_cast<int64_t>(acc[j] - zw[j]) + k[j];
-    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[j]) : (p >> 63)) & b[j]);
-    int64_t v = ((p + a[j] + sel) >> s[j]) + zs;
-    v = v < lo ? lo : (v > hi ? hi : v);
-    y[j] = static_cast<uint8_t>(v);
+    y[j] = static_cast<uint8_t>(requant_tail<KIND>(p, s[j], a[j], b[j], zs, lo, hi));
   }
 }
 
@@ -333,6 +386,16 @@ inline void fill_run(uint8_t* d, uint8_t v, size_t n) {
   }
 }
 
+// The low and high bytes of n int32-stored 16-bit codes (AVX-512 and baseline clones).
+__attribute__((target_clones("arch=x86-64-v4", "default"))) void split_bytes(const int32_t* __restrict x,
+                                                                          uint8_t* __restrict lo,
+                                                                          uint8_t* __restrict hi, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    lo[i] = static_cast<uint8_t>(x[i] & 255);
+    hi[i] = static_cast<uint8_t>((x[i] >> 8) & 255);
+  }
+}
+
 struct QConvKernel {
   int64_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, xzp;
   int64_t zs, lo, hi;
@@ -345,9 +408,11 @@ struct QConvKernel {
   // packed weights, made at creation from the constant weight input: panels of 64 channels
   int64_t k = 0, kp = 0, outs = 0;
   std::vector<int8_t> packed;
-  std::vector<int32_t> zw;  // xzp sum_k w[k, o]
+  std::vector<int32_t> zw;    // xzp sum_k w[k, o]
+  std::vector<int64_t> zw64;  // the same in int64 (16-bit inputs: xzp up to 65535)
+  bool wide;                  // QConv16: int32-stored 16-bit input codes, int32 output codes
 
-  explicit QConvKernel(const OrtKernelInfo* info) {
+  QConvKernel(const OrtKernelInfo* info, bool wide16) : wide(wide16) {
     Ort::ConstKernelInfo ki(info);
     auto kk = ki.GetAttributes<int64_t>("kernel");
     auto s = ki.GetAttributes<int64_t>("strides");
@@ -359,7 +424,7 @@ struct QConvKernel {
     pt = p[0]; pl = p[1]; pb = p[2]; pr = p[3];
     xzp = ki.GetAttribute<int64_t>("x_zero_point");
     if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0 || pb < 0 || pr < 0 ||
-        xzp < 0 || xzp > 255)
+        xzp < 0 || xzp > (wide ? 65535 : 255))
       throw std::runtime_error("QConv: bad kernel, stride, dilation, pad or zero point attribute");
     mult = ki.GetAttributes<int64_t>("mult");
     cnst = ki.GetAttributes<int64_t>("cnst");
@@ -369,23 +434,13 @@ struct QConvKernel {
     lo = ki.GetAttribute<int64_t>("lo");
     hi = ki.GetAttribute<int64_t>("hi");
     if (mult.empty() || mult.size() != cnst.size() || mult.size() != shift.size() || mode < 0 || mode > 6 ||
-        lo < 0 || hi > 255 || lo > hi)
+        lo > hi || (wide ? (lo < INT32_MIN || hi > INT32_MAX) : (lo < 0 || hi > 255)))
       throw std::runtime_error("QConv: inconsistent requantization attributes (mult, cnst, shift, mode, lo, hi)");
     for (int64_t v : shift) {
       if (v < 0 || v > 62) throw std::runtime_error("QConv: shift outside [0, 62]");
-      const int64_t half = v > 0 ? (int64_t{1} << (v - 1)) : 0, full = (int64_t{1} << v) - 1;
-      int64_t a = 0, b = 0;
-      switch (mode) {  // the modes of ROUND_MODES: half_up, half_even, half_away, half_down, floor, ceil, trunc
-        case 0: a = half; break;
-        case 1: a = v > 0 ? half - 1 : 0; b = v > 0 ? 1 : 0; break;
-        case 2: a = half; b = v > 0 ? -1 : 0; break;
-        case 3: a = v > 0 ? half - 1 : 0; break;
-        case 4: break;
-        case 5: a = full; break;
-        default: b = full; break;
-      }
-      addend.push_back(a);
-      bmask.push_back(b);
+      const RoundParams rp = round_params(static_cast<int>(mode), v);
+      addend.push_back(rp.addend);
+      bmask.push_back(rp.bmask);
     }
     channels = static_cast<int64_t>(mult.size());
     const size_t padded = static_cast<size_t>((channels + kPanel - 1) / kPanel * kPanel);  // whole panels
@@ -401,7 +456,7 @@ struct QConvKernel {
       for (size_t ch = 0; ch < padded; ++ch)
         (ch % 2 ? odd[t] : even[t])->at(ch / 16 * 8 + ch % 16 / 2) = (*src[t])[ch];
     }
-    kind = mode == 1 ? kParity : ((mode == 2 || mode == 6) ? kSign : kPlain);
+    kind = round_kind(static_cast<int>(mode));
     isa = select_isa();
     int is_const = 0;
     Ort::ConstValue wv = ki.GetTensorConstantInput(1, &is_const);
@@ -412,6 +467,12 @@ struct QConvKernel {
       throw std::runtime_error("QConv: weights must be int8 [kh kw C, O] with O = the requantization channels");
     if (wshape[0] * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
     pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1]);
+    if (kind == kPlain && !wide) {  // rq16_32's kPlain form: K + A (fold_plain)
+      for (size_t ch = 0; ch < zw.size(); ++ch) {
+        const int64_t f = fold_plain(cnst[ch], addend[ch]);
+        (ch % 2 ? ko : ke)[ch / 16 * 8 + ch % 16 / 2] = f;
+      }
+    }
   }
 
   void pack(const int8_t* w, int64_t kdim, int64_t o) {
@@ -421,6 +482,7 @@ struct QConvKernel {
     const int64_t panels = (o + kPanel - 1) / kPanel;
     packed.assign(static_cast<size_t>(panels * kp * kPanel), 0);
     zw.assign(static_cast<size_t>(panels * kPanel), 0);
+    zw64.assign(static_cast<size_t>(panels * kPanel), 0);
     for (int64_t pn = 0; pn < panels; ++pn) {
       const int64_t o0 = pn * kPanel;
       int8_t* dst = packed.data() + pn * kp * kPanel;
@@ -434,7 +496,8 @@ struct QConvKernel {
     for (int64_t oc = 0; oc < o; ++oc) {
       int64_t sum = 0;
       for (int64_t kk = 0; kk < kdim; ++kk) sum += w[kk * o + oc];
-      zw[static_cast<size_t>(oc)] = static_cast<int32_t>(xzp * sum);
+      zw[static_cast<size_t>(oc)] = static_cast<int32_t>(wide ? 0 : xzp * sum);
+      zw64[static_cast<size_t>(oc)] = xzp * sum;
     }
   }
 
@@ -443,8 +506,7 @@ struct QConvKernel {
   // taken in runs of one output row; per kernel row i the interior positions of a run (whole kernel row
   // inside the input, dw == 1) copy kw c bytes each with only pointer steps, the edges tap by tap.
   void im2col(const uint8_t* x, int64_t h, int64_t w, int64_t c, int64_t oh, int64_t ow, int64_t r0,
-              int64_t rows, uint8_t* col) const {
-    const uint8_t pad = static_cast<uint8_t>(xzp);
+              int64_t rows, uint8_t* col, uint8_t pad, int64_t ld) const {
     const size_t run = static_cast<size_t>(kw * c);
     // interior output columns: ox * sw - pl >= 0 and ox * sw - pl + kw <= w (dw == 1)
     const int64_t in0 = std::min<int64_t>(ow, (pl + sw - 1) / sw);
@@ -453,7 +515,7 @@ struct QConvKernel {
       const int64_t pix = r0 + r;
       const int64_t b = pix / (oh * ow), oy = (pix / ow) % oh, ox0 = pix % ow;
       const int64_t ox1 = std::min<int64_t>(ow, ox0 + rows - r);  // this run: [ox0, ox1) of row oy
-      uint8_t* base = col + r * kp;
+      uint8_t* base = col + r * ld;
       for (int64_t i = 0; i < kh; ++i) {
         const int64_t iy = oy * sh - pt + i * dh;
         uint8_t* rowdst = base + i * kw * c;
@@ -463,12 +525,12 @@ struct QConvKernel {
         for (int64_t ox = ox0; ox < ox1; ++ox) {
           if (ox == a0 && a0 < a1) {  // the interior: one run per position, pointer steps only
             const uint8_t* src = src_row + (a0 * sw - pl) * c;
-            uint8_t* dst = rowdst + (a0 - ox0) * kp;
-            for (int64_t q = a0; q < a1; ++q, src += sw * c, dst += kp) copy_run(dst, src, run);
+            uint8_t* dst = rowdst + (a0 - ox0) * ld;
+            for (int64_t q = a0; q < a1; ++q, src += sw * c, dst += ld) copy_run(dst, src, run);
             ox = a1 - 1;
             continue;
           }
-          uint8_t* dst = rowdst + (ox - ox0) * kp;
+          uint8_t* dst = rowdst + (ox - ox0) * ld;
           for (int64_t j = 0; j < kw; ++j, dst += c) {
             const int64_t ix = ox * sw - pl + j * dw;
             if (!inside || ix < 0 || ix >= w) fill_run(dst, pad, static_cast<size_t>(c));
@@ -476,9 +538,68 @@ struct QConvKernel {
           }
         }
       }
-      for (int64_t ox = ox0; ox < ox1; ++ox) fill_run(base + (ox - ox0) * kp + k, 0, static_cast<size_t>(kp - k));
+      for (int64_t ox = ox0; ox < ox1; ++ox) fill_run(base + (ox - ox0) * ld + k, 0, static_cast<size_t>(kp - k));
       r += ox1 - ox0;
     }
+  }
+
+  // 16-bit codes: the input split once into its low and high byte planes (uint8 NHWC each), then per block
+  // the im2col rows of both planes side by side (row r: the low plane's kp bytes, then the high plane's;
+  // the pad code's low and high bytes outside the input) and mk_vnni16 / two portable GEMMs per tile.
+  void compute16(const Ort::KernelContext& ctx, const int32_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
+                 int64_t oh, int64_t ow, int32_t* y, int64_t total) const {
+    const int64_t o = outs, row = 2 * kp, size = n * h * w * c;
+    // the calling thread's buffer, reused across runs; the tasks (on any pool thread) get its address, since
+    // a thread_local named inside them would be their own thread's
+    thread_local std::vector<uint8_t> buffer;
+    if (buffer.size() < static_cast<size_t>(2 * size)) buffer.resize(static_cast<size_t>(2 * size));
+    uint8_t* const planes = buffer.data();
+    const size_t chunks = static_cast<size_t>((size + kGrain - 1) / kGrain);
+    parallel_for(ctx, chunks, [&](size_t i) {
+      const int64_t i0 = static_cast<int64_t>(i) * kGrain;
+      split_bytes(x + i0, planes + i0, planes + size + i0, std::min<int64_t>(kGrain, size - i0));
+    });
+    const uint8_t plo = static_cast<uint8_t>(xzp & 255), phi = static_cast<uint8_t>(xzp >> 8);
+    const int64_t block = std::clamp<int64_t>((262144 / row) / 3 * 3, 3, 120);
+    const size_t tasks = static_cast<size_t>((total + block - 1) / block);
+    parallel_for(ctx, tasks, [&](size_t task) {
+      thread_local std::vector<uint8_t> scratch;
+      const int64_t r0 = static_cast<int64_t>(task) * block, rows = std::min<int64_t>(block, total - r0);
+      if (scratch.size() < static_cast<size_t>(block * row)) scratch.resize(static_cast<size_t>(block * row));
+      im2col(planes, h, w, c, oh, ow, r0, rows, scratch.data(), plo, row);
+      im2col(planes + size, h, w, c, oh, ow, r0, rows, scratch.data() + kp, phi, row);
+      const uint8_t* col = scratch.data();
+      alignas(64) int32_t tlo[kMR * kPanel], thi[kMR * kPanel];
+      const int64_t panels = (o + kPanel - 1) / kPanel;
+      for (int64_t pn = 0; pn < panels; ++pn) {
+        const int64_t o0 = pn * kPanel;
+        const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
+        const int nv = (nch + kLanes - 1) / kLanes;
+        const int8_t* bp = packed.data() + pn * kp * kPanel;
+        const Rq16Args rq{zw64.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
+                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
+        const int step = isa == 2 ? 3 : kMR;
+        for (int64_t r = 0; r < rows; r += step) {
+          const int mr = static_cast<int>(std::min<int64_t>(step, rows - r));
+          const uint8_t* a = col + r * row;
+          if (isa == 2) {
+            vnni16_kernel(mr, nv, kind)(a, row, kp, bp, rq, y + (r0 + r) * o + o0, o);
+            continue;
+          }
+          if (isa == 1) {
+            gemm_avxvnni(a, row, bp, kp / 4, tlo, mr, nv);
+            gemm_avxvnni(a + kp, row, bp, kp / 4, thi, mr, nv);
+          } else {
+            mk_portable(a, row, bp, kp / 4, tlo, mr, nv);
+            mk_portable(a + kp, row, bp, kp / 4, thi, mr, nv);
+          }
+          for (int i = 0; i < mr; ++i)
+            rq16_row(tlo + i * kPanel, thi + i * kPanel, y + (r0 + r + i) * o + o0, nch, zw64.data() + o0,
+                     mult.data() + o0, cnst.data() + o0, shift.data() + o0, addend.data() + o0, bmask.data() + o0,
+                     zs, lo, hi, kind);
+        }
+      }
+    });
   }
 
   void Compute(OrtKernelContext* context) {
@@ -486,8 +607,9 @@ struct QConvKernel {
     Ort::ConstValue xv = ctx.GetInput(0);
     auto xi = xv.GetTensorTypeAndShapeInfo();
     auto shape = xi.GetShape();
-    if (xi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape.size() != 4)
-      throw std::runtime_error("QConv: input must be uint8 NHWC rank 4");
+    const auto in_type = wide ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    if (xi.GetElementType() != in_type || shape.size() != 4)
+      throw std::runtime_error(wide ? "QConv16: input must be int32 NHWC rank 4" : "QConv: input must be uint8 NHWC rank 4");
     const int64_t n = shape[0], h = shape[1], w = shape[2], c = shape[3];
     const int64_t o = outs;
     if (k != kh * kw * c) throw std::runtime_error("QConv: weight rows differ from kh kw C of the input");
@@ -495,10 +617,15 @@ struct QConvKernel {
     if (h + pt + pb < eh || w + pl + pr < ew) throw std::runtime_error("QConv: kernel larger than the padded input");
     const int64_t oh = (h + pt + pb - eh) / sh + 1, ow = (w + pl + pr - ew) / sw + 1;
     Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, o});
-    uint8_t* y = static_cast<uint8_t*>(out.GetTensorMutableRawData());
-    const uint8_t* x = static_cast<const uint8_t*>(xv.GetTensorRawData());
     const int64_t total = n * oh * ow;
     if (total == 0) return;
+    if (wide) {
+      compute16(ctx, static_cast<const int32_t*>(xv.GetTensorRawData()), n, h, w, c, oh, ow,
+                static_cast<int32_t*>(out.GetTensorMutableRawData()), total);
+      return;
+    }
+    uint8_t* y = static_cast<uint8_t*>(out.GetTensorMutableRawData());
+    const uint8_t* x = static_cast<const uint8_t*>(xv.GetTensorRawData());
     // a 1x1, stride 1, unpadded conv with C % 4 == 0 reads the input rows in place
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0 &&
                         kp == k;
@@ -511,7 +638,7 @@ struct QConvKernel {
       const uint8_t* col = x + r0 * c;
       if (!direct) {
         if (scratch.size() < static_cast<size_t>(block * kp)) scratch.resize(static_cast<size_t>(block * kp));
-        im2col(x, h, w, c, oh, ow, r0, rows, scratch.data());
+        im2col(x, h, w, c, oh, ow, r0, rows, scratch.data(), static_cast<uint8_t>(xzp), kp);
         col = scratch.data();
       }
       alignas(64) int32_t tile[kMR * kPanel];
@@ -530,7 +657,7 @@ struct QConvKernel {
         for (int64_t r = 0; r < rows; r += kMR) {
           const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           if (isa == 2) {
-            vnni_kernel(mr, kind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
+            vnni_kernel(mr, nv, kind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
             continue;
           }
           if (isa == 1) gemm_avxvnni(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
@@ -559,28 +686,37 @@ struct QConvKernel {
   }
 };
 
-struct QConvOp : Ort::CustomOpBase<QConvOp, QConvKernel, true> {
+// QConv (uint8 codes in and out) and QConv16 (int32-stored 16-bit codes in and out).
+template <bool WIDE>
+struct QConvOpT : Ort::CustomOpBase<QConvOpT<WIDE>, QConvKernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     try {
-      *kernel = new QConvKernel(info);
+      *kernel = new QConvKernel(info, WIDE);
       return nullptr;
     } catch (const std::exception& e) {
       return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string("zonnx.native ") + e.what()).c_str());
     }
   }
-  const char* GetName() const { return "QConv"; }
+  const char* GetName() const { return WIDE ? "QConv16" : "QConv"; }
   size_t GetInputTypeCount() const { return 2; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    if (i == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    return WIDE ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
   }
   size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
+  ONNXTensorElementDataType GetOutputType(size_t) const {
+    return WIDE ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+  }
 };
 
 }  // namespace
 
 const OrtCustomOp* qconv_op() {
-  static const QConvOp op;
+  static const QConvOpT<false> op;
+  return &op;
+}
+const OrtCustomOp* qconv16_op() {
+  static const QConvOpT<true> op;
   return &op;
 }
 

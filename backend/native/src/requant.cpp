@@ -10,8 +10,6 @@
 namespace zonnx_native {
 namespace {
 
-enum Mode { kHalfUp, kHalfEven, kHalfAway, kHalfDown, kFloor, kCeil, kTrunc };
-
 // floor(p / 2^s) rounded by MODE; half == 2^(s-1) for s > 0 and 1 for s == 0 (then r == 0 < half).
 template <int MODE, typename T>
 inline T round_shift(T p, int s, T half) {
@@ -48,13 +46,7 @@ struct Params {
 // at load time by the CPU (GCC target_clones); both are the same integer code, so results never differ.
 #define ZN_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
 
-// The int64 loops round with one shift: y = (p + A[c] + sel) >> s[c], where sel is 0 (floor, ceil, half_up,
-// half_down), the parity of floor(p / 2^s) (half_even: sel = (p >> s) & B, A = 2^(s-1) - 1), or a sign
-// correction (half_away: sel = -[p < 0], A = 2^(s-1); trunc: sel = [p < 0] (2^s - 1), A = 0), B masking it.
-// This is round_shift's rule rewritten without comparisons of the remainder (so it vectorizes); with s == 0
-// A = B = 0 and y = p. |p| < 2^62 and A < 2^62 keep p + A + sel inside int64.
-enum Kind { kPlain, kParity, kSign };
-
+// The int64 loops: requant_tail (zonnx_native.h) per element, per-channel A, B and s.
 template <int KIND, typename In, typename Out, bool LANES, bool UNIT>
 inline __attribute__((always_inline)) void fused(const In* __restrict x, Out* __restrict y, int64_t n,
                                                  const int64_t* __restrict m, const int64_t* __restrict k,
@@ -64,10 +56,7 @@ inline __attribute__((always_inline)) void fused(const In* __restrict x, Out* __
     const int64_t c = LANES ? j : 0;
     const int64_t xv = static_cast<int64_t>(x[j]);
     const int64_t p = (UNIT ? xv : m[c] * xv) + k[c];
-    const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s[c]) : (p >> 63)) & b[c]);
-    int64_t v = ((p + a[c] + sel) >> s[c]) + zs;
-    v = v < lo ? lo : (v > hi ? hi : v);
-    y[j] = static_cast<Out>(v);
+    y[j] = static_cast<Out>(requant_tail<KIND>(p, s[c], a[c], b[c], zs, lo, hi));
   }
 }
 
@@ -209,22 +198,12 @@ struct RequantKernel {
       if (v < 0 || v > 62) throw std::runtime_error("Requant: shift outside [0, 62]");
       p.shift.push_back(static_cast<int>(v));
       p.half.push_back(v > 0 ? (int64_t{1} << (v - 1)) : 1);
-      const int64_t half = v > 0 ? (int64_t{1} << (v - 1)) : 0, full = (int64_t{1} << v) - 1;
-      int64_t a = 0, b = 0;
-      switch (p.mode) {
-        case kHalfUp: a = half; break;
-        case kHalfEven: a = v > 0 ? half - 1 : 0; b = v > 0 ? 1 : 0; break;
-        case kHalfAway: a = half; b = v > 0 ? -1 : 0; break;
-        case kHalfDown: a = v > 0 ? half - 1 : 0; break;
-        case kFloor: break;
-        case kCeil: a = full; break;
-        default: b = full; break;  // trunc
-      }
+      const RoundParams rp = round_params(p.mode, v);
       p.shift64.push_back(v);
-      p.addend.push_back(a);
-      p.bmask.push_back(b);
+      p.addend.push_back(rp.addend);
+      p.bmask.push_back(rp.bmask);
     }
-    p.kind = p.mode == kHalfEven ? kParity : ((p.mode == kHalfAway || p.mode == kTrunc) ? kSign : kPlain);
+    p.kind = round_kind(p.mode);
     p.tile = p.channels * std::max<int64_t>(1, 1024 / p.channels);
     for (int t = 0; t < p.terms; ++t)
       for (int64_t j = 0; j < p.tile; ++j) p.mult_t.push_back(p.mult[t * p.channels + j % p.channels]);

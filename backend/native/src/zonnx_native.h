@@ -13,7 +13,7 @@
 namespace zonnx_native {
 
 // Bumped whenever an op's inputs, attributes or semantics change; checked by the Python loader.
-constexpr int64_t kAbiVersion = 3;
+constexpr int64_t kAbiVersion = 6;
 constexpr const char* kDomain = "zonnx.native";
 
 // Runs fn(i) for i in [0, total) on the session's intra-op thread pool.
@@ -42,10 +42,55 @@ const OrtCustomOp* requant_i32_op();
 const OrtCustomOp* im2col_op();
 const OrtCustomOp* byteplane_op();
 const OrtCustomOp* dwconv_op();
+const OrtCustomOp* qdwconv_op();
 const OrtCustomOp* qconv_op();
+const OrtCustomOp* qconv16_op();
+const OrtCustomOp* maxpool_i32_op();
 // The GEMM path QConv kernels created now take: 2 = AVX-512 VNNI, 1 = AVX-VNNI, 0 = portable ($ZONNX_NATIVE_ISA).
 int qconv_isa();
 
 int64_t element_count(const std::vector<int64_t>& shape);
+
+// ---- the requantization tail, shared by every kernel ---------------------------------------------------
+// The seven rounding modes of requant.rshift_round, in the order of ROUND_MODES.
+enum RoundMode { kHalfUp, kHalfEven, kHalfAway, kHalfDown, kFloor, kCeil, kTrunc };
+
+// The int64 loops round with one shift: y = (p + A + sel) >> s, where sel is 0 (floor, ceil, half_up,
+// half_down: kPlain), the parity of floor(p / 2^s) (half_even: sel = (p >> s) & B, A = 2^(s-1) - 1: kParity),
+// or a sign correction (half_away: sel = -[p < 0], A = 2^(s-1); trunc: sel = [p < 0] (2^s - 1), A = 0:
+// kSign), B masking it. This is floor division with the remainder compared to half, rewritten without
+// comparisons (so it vectorizes); with s == 0, A = B = 0 and y = p. |p| < 2^62 and A < 2^62 keep p + A + sel
+// inside int64.
+enum RoundKind { kPlain, kParity, kSign };
+
+// The addend A and mask B of a rounding mode for shift s in [0, 62] (the rule above).
+struct RoundParams {
+  int64_t addend, bmask;
+};
+inline RoundParams round_params(int mode, int64_t s) {
+  const int64_t half = s > 0 ? (int64_t{1} << (s - 1)) : 0, full = (int64_t{1} << s) - 1;
+  switch (mode) {
+    case kHalfUp: return {half, 0};
+    case kHalfEven: return {s > 0 ? half - 1 : 0, s > 0 ? 1 : 0};
+    case kHalfAway: return {half, s > 0 ? -1 : 0};
+    case kHalfDown: return {s > 0 ? half - 1 : 0, 0};
+    case kFloor: return {0, 0};
+    case kCeil: return {full, 0};
+    default: return {0, full};  // trunc
+  }
+}
+inline int round_kind(int mode) {
+  return mode == kHalfEven ? kParity : ((mode == kHalfAway || mode == kTrunc) ? kSign : kPlain);
+}
+
+// clamp(((p + A + sel) >> s) + zs, lo, hi) for p = M x + K already formed: the one requantization tail
+// every kernel (Requant, QConv, QDwConv) applies per element.
+template <int KIND>
+inline __attribute__((always_inline)) int64_t requant_tail(int64_t p, int64_t s, int64_t a, int64_t b, int64_t zs,
+                                                           int64_t lo, int64_t hi) {
+  const int64_t sel = KIND == kPlain ? 0 : ((KIND == kParity ? (p >> s) : (p >> 63)) & b);
+  const int64_t v = ((p + a + sel) >> s) + zs;
+  return v < lo ? lo : (v > hi ? hi : v);
+}
 
 }  // namespace zonnx_native
