@@ -32,6 +32,7 @@ from zonnx.backend.compiled import (
     partition_from_dict,
     read_program,
 )
+from zonnx.backend.compiled_store import needs_external, save_compiled
 from zonnx.backend.compiler import CompileError, Program, compile_subgraph
 from zonnx.backend.partition import (
     Partition,
@@ -67,8 +68,12 @@ class CompiledModel:
     cache_key: str = ""
     seconds: float = 0.0
 
-    def save(self, path: str | Path) -> Path:
-        return save_model(self.model, path)
+    def save(self, path: str | Path, *, external_data: bool | None = None) -> Path:
+        """Write the model: inline when it fits one protobuf, else (or with ``external_data``) with its
+        weights and stored executable in ``NAME.onnx.data`` (``compiled_store``)."""
+        if external_data or (external_data is None and needs_external(self.model)):
+            return save_compiled(self.model, path)
+        return save_model(self.model, path, external_data=False)
 
     def report(self, width: int = 160) -> str:
         """The partition tables plus one line per compiled program."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from zonnx.backend.compile_api import compile_model
+from zonnx.backend.compiled_store import needs_external
 from zonnx.backend.partition import render_partition, to_dict
 from zonnx.backend.partition.partitioner import MIN_MACS
 from zonnx.ir.io import save_model
@@ -57,11 +58,16 @@ def compile(  # noqa: A001 - the subcommand's name
         input_shapes=parse_input_shapes(input_shape),
         strict=strict,
     )
-    save_model(compiled.model, out, input_path=model)
+    if needs_external(compiled.model):  # weights and the stored executable beside it (compiled_store)
+        compiled.save(out)
+    else:
+        save_model(compiled.model, out, input_path=model)
     if json_:
         sys.stdout.write(json.dumps({**to_dict(compiled.partition), "output": str(out)}, indent=1) + "\n")
         return
-    grid_rules = Counter(r for r in compiled.partition.rules.values() if r in ("zero_point", "scale", "dtype"))
+    grid_rules = Counter(
+        r for r in compiled.partition.rules.values() if r in ("zero_point", "scale", "dtype")
+    )
     if grid_rules:  # a model quantized for another scheme: one line with the fix, before the details
         what = ", ".join(f"{r} {n}" for r, n in grid_rules.most_common())
         console.print(
