@@ -48,7 +48,7 @@ from zonnx.backend.partition.partitioner import MIN_MACS
 from zonnx.backend.targets import Target, load_target
 from zonnx.converters.from_onnx import set_input_dims
 from zonnx.errors import UnsupportedModelError
-from zonnx.ir.io import check_structure, load_proto, save_model, to_proto
+from zonnx.ir.io import check_structure, external_data_locations, load_proto, save_model, to_proto
 from zonnx.ir.large import is_large, model_digest
 from zonnx.passes.catalog import make_pass
 
@@ -67,11 +67,17 @@ class CompiledModel:
     target: str
     cache_key: str = ""
     seconds: float = 0.0
+    #: The source kept its weights in external data: the compiled model does too (``save``).
+    external_data: bool = False
+
+    def wants_external(self) -> bool:
+        """Saved with external data: the source had it, or the model passes the protobuf limit."""
+        return self.external_data or needs_external(self.model)
 
     def save(self, path: str | Path, *, external_data: bool | None = None) -> Path:
-        """Write the model: inline when it fits one protobuf, else (or with ``external_data``) with its
-        weights and stored executable in ``NAME.onnx.data`` (``compiled_store``)."""
-        if external_data or (external_data is None and needs_external(self.model)):
+        """Write the model: inline when it fits one protobuf and its source was inline, else (or with
+        ``external_data``) with its weights and stored executable in ``NAME.onnx.data`` (``compiled_store``)."""
+        if external_data or (external_data is None and self.wants_external()):
             return save_compiled(self.model, path)
         return save_model(self.model, path, external_data=False)
 
@@ -244,4 +250,7 @@ def compile_model(
     )
     seconds = time.perf_counter() - start
     logger.info("compiled %s for %s in %.2f s", where, tgt.name, seconds)
-    return CompiledModel(compiled, part, programs, tgt.name, cache_key, seconds)
+    external = isinstance(model, str | Path) and bool(
+        external_data_locations(load_proto(model, load_external_data=False))
+    )
+    return CompiledModel(compiled, part, programs, tgt.name, cache_key, seconds, external)

@@ -12,7 +12,6 @@ from pathlib import Path
 import typer
 
 from zonnx.backend.compile_api import compile_model
-from zonnx.backend.compiled_store import needs_external
 from zonnx.backend.partition import render_partition, to_dict
 from zonnx.backend.partition.partitioner import MIN_MACS
 from zonnx.ir.io import save_model
@@ -58,7 +57,7 @@ def compile(  # noqa: A001 - the subcommand's name
         input_shapes=parse_input_shapes(input_shape),
         strict=strict,
     )
-    if needs_external(compiled.model):  # weights and the stored executable beside it (compiled_store)
+    if compiled.wants_external():  # weights and the stored executable beside it (compiled_store)
         compiled.save(out)
     else:
         save_model(compiled.model, out, input_path=model)

@@ -95,6 +95,7 @@ def ort_session(model: onnx.ModelProto, options: Any = None, providers: Sequence
             light.graph.initializer.append(init)
     if names:
         opts.add_external_initializers(names, values)
+    opts.add_session_config_entry("session.disable_prepacking", "1")  # no packed second copy of the weights
     sess = ort.InferenceSession(light.SerializeToString(), opts, providers=providers)
     sess._zonnx_weights = values  # the OrtValues must outlive the session
     return sess
