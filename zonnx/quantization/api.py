@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
 from zonnx.ir.io import default_opset, save_model, to_ir, to_proto
-from zonnx.ir.large import copy_model
+from zonnx.ir.large import copy_model, external_tensors, load_mapped, materialize, release_mapped
 from zonnx.quantization.annotate import annotate
 from zonnx.quantization.annotate_config import annotate_config
 from zonnx.quantization.config import QuantConfig, resolve_format, resolve_method, resolve_type
@@ -297,7 +297,9 @@ def quantize_static(
     from zonnx.quantization.recovery import steps as recovery
 
     recovery.check_recovery_options(cfg, calibration_data_reader is not None)
-    model = to_ir(
+    # past proto_limit() a file's external weights stay mapped from it, read one tensor at a time
+    mapped = load_mapped(model_input) if isinstance(model_input, str | os.PathLike) else None
+    model = mapped or to_ir(
         copy_model(model_input)  # CopyFrom: works past 2 GiB
         if isinstance(model_input, onnx.ModelProto)
         else model_input
@@ -307,6 +309,8 @@ def quantize_static(
     has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
     imported = prequant.import_for_quantize(model, has_data)
     _prepare(model, cfg)
+    mapped_weights = external_tensors(model) if mapped is not None else []
+    release_mapped(mapped_weights)  # weights the passes read stop counting in memory (mapped again when read)
     records = recovery.recover_float(model, cfg)
     if cfg.extra.smooth_quant:
         from zonnx.quantization.recovery.smooth_quant import smooth_quant_reader
@@ -387,6 +391,7 @@ def quantize_static(
 
         remove_activations(model, plan)
     counts, opset = write_model(model, plan, cfg)
+    release_mapped(mapped_weights)
     refinement = None
     if target is not None:
         from zonnx.quantization.refine.pipeline import refine_model
@@ -399,7 +404,7 @@ def quantize_static(
         records.update(
             recovery.recover_quantized(model, float_model, feeds, cfg, target, calibration_providers)
         )
-    proto = to_proto(model)
+    proto = materialize(to_proto(model))  # what is still in the input's files is read: the output is whole
     store_qparams_typed(proto)
     if isinstance(model_input, str | Path):  # for `zonnx run --compare golden` on the compiled model
         kept = [p for p in proto.metadata_props if p.key != "zonnx.float_source"]
