@@ -73,9 +73,9 @@ def test_every_command_keeps_external_data(tmp_path: Path, small_limit: None) ->
     q = tmp_path / "q.onnx"
     run_cli("quantize", str(tmp_path / "o.onnx"), str(q), "--calib", str(tmp_path / "calib.npz"),
             "--target", "bm1684x", check=True)  # fmt: skip
-    for name in ("o.onnx", "q.onnx"):  # weights stay beside the model, not inside it
-        assert (tmp_path / f"{name}.data").stat().st_size > (tmp_path / name).stat().st_size
     run_cli("compile", str(q), "--target", "bm1684x", "-o", str(tmp_path / "c.onnx"), check=True)
+    for name in ("o.onnx", "q.onnx", "c.onnx"):  # weights stay beside the model, not inside it
+        assert (tmp_path / f"{name}.data").stat().st_size > (tmp_path / name).stat().st_size
     x = np.random.default_rng(2).standard_normal((1, D)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
     run_cli(
