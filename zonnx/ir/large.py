@@ -23,16 +23,19 @@ __all__ = [
     "load_mapped",
     "materialize",
     "release_mapped",
+    "rooted",
+    "deserialize",
     "external_tensors",
     "model_digest",
     "ort_session",
     "session_folder",
 ]
 
+import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,11 +143,47 @@ def materialize(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+@contextlib.contextmanager
+def rooted(model: onnx.ModelProto, folder: Path | None) -> Iterator[onnx.ModelProto]:
+    """Within the block, ``model``'s external tensors that live in ``folder`` name their files relative to
+    ``EXTERNAL_ROOT``, as a lazily loaded model's do, so ORT sessions map them (``session_folder``); the
+    locations are restored after. ``folder`` None changes nothing."""
+    changed: list[tuple[onnx.StringStringEntryProto, str]] = []
+    if folder is not None:
+        for t in _external(model):
+            for entry in t.external_data:
+                if (
+                    entry.key == "location"
+                    and not os.path.isabs(entry.value)
+                    and (folder / entry.value).is_file()
+                ):
+                    changed.append((entry, entry.value))
+                    entry.value = os.path.relpath(folder.resolve() / entry.value, EXTERNAL_ROOT)
+    try:
+        yield model
+    finally:
+        for entry, value in changed:
+            entry.value = value
+
+
+def _names_rooted(model: onnx.ModelProto) -> bool:
+    locations = external_data_locations(model)
+    return any(not os.path.isabs(loc) and (Path(EXTERNAL_ROOT) / loc).is_file() for loc in locations)
+
+
+def deserialize(model: onnx.ModelProto) -> ir.Model:
+    """``ir.serde.deserialize_model``, with external tensors read from ``EXTERNAL_ROOT`` when the model
+    names its files as a lazily loaded model does."""
+    out = ir.serde.deserialize_model(model)
+    if _names_rooted(model):
+        ir.external_data.set_base_dir(out.graph, EXTERNAL_ROOT)
+    return out
+
+
 def session_folder(opts: Any, model: onnx.ModelProto) -> None:
     """Point ORT (``SessionOptions`` ``opts``) at ``EXTERNAL_ROOT`` when ``model`` names external files
     of a lazily loaded model: ORT then maps them itself, and packs no second copy of them."""
-    locations = external_data_locations(model)
-    if any(not os.path.isabs(loc) and (Path(EXTERNAL_ROOT) / loc).is_file() for loc in locations):
+    if _names_rooted(model):
         opts.add_session_config_entry(FOLDER_KEY, EXTERNAL_ROOT)
         opts.add_session_config_entry("session.disable_prepacking", "1")
 
