@@ -32,6 +32,7 @@ from zonnx.backend.compiled import (
     partition_from_dict,
     read_program,
 )
+from zonnx.backend.compiled_store import needs_external, save_compiled
 from zonnx.backend.compiler import CompileError, Program
 from zonnx.backend.compiler.lower import compile_subgraph
 from zonnx.backend.partition import (
@@ -48,7 +49,7 @@ from zonnx.backend.partition.partitioner import MIN_MACS
 from zonnx.backend.targets import Target, load_target
 from zonnx.converters.from_onnx import set_input_dims
 from zonnx.errors import UnsupportedModelError
-from zonnx.ir.io import check_structure, load_proto, save_model, to_proto
+from zonnx.ir.io import check_structure, external_data_locations, load_proto, save_model, to_proto
 from zonnx.ir.large import is_large, model_digest
 from zonnx.passes.catalog import make_pass
 
@@ -67,9 +68,19 @@ class CompiledModel:
     target: str
     cache_key: str = ""
     seconds: float = 0.0
+    #: The source kept its weights in external data: the compiled model does too (``save``).
+    external_data: bool = False
 
-    def save(self, path: str | Path) -> Path:
-        return save_model(self.model, path)
+    def wants_external(self) -> bool:
+        """Saved with external data: the source had it, or the model passes the protobuf limit."""
+        return self.external_data or needs_external(self.model)
+
+    def save(self, path: str | Path, *, external_data: bool | None = None) -> Path:
+        """Write the model: inline when it fits one protobuf and its source was inline, else (or with
+        ``external_data``) with its weights and stored executable in ``NAME.onnx.data`` (``compiled_store``)."""
+        if external_data or (external_data is None and self.wants_external()):
+            return save_compiled(self.model, path)
+        return save_model(self.model, path, external_data=False)
 
     def report(self, width: int = 160) -> str:
         """The partition tables plus one line per compiled program."""
@@ -240,4 +251,7 @@ def compile_model(
     )
     seconds = time.perf_counter() - start
     logger.info("compiled %s for %s in %.2f s", where, tgt.name, seconds)
-    return CompiledModel(compiled, part, programs, tgt.name, cache_key, seconds)
+    external = isinstance(model, str | Path) and bool(
+        external_data_locations(load_proto(model, load_external_data=False))
+    )
+    return CompiledModel(compiled, part, programs, tgt.name, cache_key, seconds, external)

@@ -253,6 +253,13 @@ def read_program(node: onnx.NodeProto) -> Program:
     """The node's Program, after checking its hash and version; CompiledModelError when corrupt or stale."""
     a = _attrs(node)
     blob = a.get("program")
+    if isinstance(blob, onnx.TensorProto):  # saved with external data (``compiled_store``), loaded
+        if blob.data_location == onnx.TensorProto.EXTERNAL:
+            raise CompiledModelError(
+                f"node {node.name!r}: its program is in external data that was not loaded; open the model "
+                "with zonnx.ir.io.load_proto (or onnx.load) from its folder."
+            )
+        blob = blob.raw_data
     if not isinstance(blob, bytes):
         raise CompiledModelError(f"node {node.name!r}: no 'program' attribute; recompile the model.")
     digest = a.get("program_sha256", b"")

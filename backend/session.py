@@ -68,6 +68,7 @@ from zonnx.backend.compiled import (
     lower_npu_nodes,
     partition_from_dict,
 )
+from zonnx.backend.compiled_store import EXECUTABLE_KEY, lowering_id, stored_executable
 from zonnx.backend.native import NativeStatus, choose_kernels, register_library
 from zonnx.backend.partition import Partition, check_coverage
 from zonnx.backend.provider_options import (
@@ -77,12 +78,11 @@ from zonnx.backend.provider_options import (
     parse_provider_options,
     provider_table,
 )
-from zonnx.backend.runtime.ort_lowering import LOWERING_VERSION, lower_program
+from zonnx.backend.runtime.ort_lowering import lower_program
 from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
-from zonnx.hostcpu import int_path
-from zonnx.ir.io import check_structure, external_data_locations, load_proto
+from zonnx.ir.io import check_external_files, check_structure, external_data_locations, load_proto
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +104,13 @@ def _read(path_or_bytes: Any) -> tuple[bytes, str]:
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot be read ({e.strerror}).") from None
     try:
-        refs = external_data_locations(onnx.load_from_string(data))
+        light = onnx.load_from_string(data)
+        refs = external_data_locations(light)
     except Exception:  # noqa: BLE001 - not parseable: _parse says so in one line
-        refs = set()
+        light, refs = None, set()
+    if refs and light is not None and EXECUTABLE_KEY in {p.key for p in light.metadata_props}:
+        check_external_files(light, path.parent, str(path))  # a compiled model saved with external data:
+        return data, str(path)  # its weights stay on disk (compiled_store)
     if refs:  # weights beside the model (missing ones named by load_proto): read them too, so the cache
         return load_proto(path).SerializeToString(), str(path)  # key covers them and ORT finds them
     return data, str(path)
@@ -125,10 +129,8 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
 
 
 def _lowering_id(native: NativeStatus | None = None) -> str:
-    """Keys cached lowered models: the lowering's version, the host's integer path (``zonnx.hostcpu``) and
-    the kernels the lowered model needs (the native library's identity, or the pure-ONNX lowering)."""
-    kernels = native.identity if native is not None else "onnx"
-    return f"{LOWERING_VERSION}-{int_path()}-{kernels}"
+    """Keys cached lowered models (``compiled_store.lowering_id``)."""
+    return lowering_id(native)
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -183,13 +185,15 @@ class InferenceSession:
         self.from_cache = False
         self.kernels: NativeStatus | None = None  # the native kernel library in use (ORT executor), if any
         self._cache: ModelCache | None = None
+        self._compiled_path = ""  # a compiled model opened from its stored executable (weights on disk)
+        self.executable = "lowered"  # "stored": the executable saved with the compiled model (compiled_store)
         self._compiled: onnx.ModelProto | None = None
         # The source is always read and hashed, never trusted by path and mtime: a model edited in
         # place must not be served an old program (backend/cache.py).
         data, where = _read(path_or_bytes)
         compiled = (
             _parse(data, where)
-            if b"NpuSubgraph" in data[-65536:] or b"zonnx.compiled" in data[-65536:]
+            if any(k in data[-65536:] for k in (b"NpuSubgraph", b"zonnx.compiled", EXECUTABLE_KEY.encode()))
             else None
         )
         if compiled is not None and not is_compiled(compiled):
@@ -236,7 +240,10 @@ class InferenceSession:
                     target_name,
                     target_name,
                 )
-            self._build(compiled, None, mode, where)
+            if not self._open_stored(compiled, mode, where):
+                if external_data_locations(compiled):  # the programs are in the data file: read them
+                    compiled = load_proto(where)
+                self._build(compiled, None, mode, where)
             self._check_coverage(where)
             return
         target = load_target(opts.target)
@@ -285,6 +292,35 @@ class InferenceSession:
         exe = self._build(compiled, None, mode, where)
         cache.store(compiled, exe, exe_id)
 
+    def _open_stored(self, compiled: onnx.ModelProto, mode: str, where: str) -> bool:
+        """Open the executable stored beside a compiled model saved with external data (``compiled_store``):
+        ORT reads its light graph and maps its weights from the data file. False when there is none for
+        this host (the caller lowers the programs)."""
+        if mode != "ort" or not external_data_locations(compiled):
+            return False
+        native = self.kernels if self.kernels is not None and self.kernels.available else None
+        folder = Path(where).parent
+        exe = stored_executable(compiled, folder, native)
+        if exe is None:
+            return False
+        so = register_library(self._sess_options, self.kernels) if native else self._sess_options
+        so = so if so is not None else ort.SessionOptions()
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+        try:
+            self._ort = ort.InferenceSession(exe, so, providers=[CPU_PROVIDER])
+        except Exception as e:  # ORT's own exception types: a short or altered data file
+            raise ModelLoadError(
+                f"{where}: ONNX Runtime cannot open its stored executable ({str(e).strip()[:300]}); copy the "
+                "complete data file beside the model, or compile it again."
+            ) from None
+        self._stages, self._compiled_path, self.executable = None, where, "stored"
+        text = compiled_info(compiled).get("partition")
+        self.partition = partition_from_dict(json.loads(text)) if text else None
+        self._providers = [NPU_PROVIDER, CPU_PROVIDER]
+        if self.partition is not None:
+            logger.info("%s: %s", where, summary_line(self.partition))
+        return True
+
     def _build(self, compiled: onnx.ModelProto, exe: bytes | None, mode: str, where: str) -> bytes | None:
         """Set up the executor for a compiled model; returns the executable bytes (ORT mode)."""
         if compiled is not None:
@@ -330,6 +366,8 @@ class InferenceSession:
         """The compiled model (read from the cache on first use when the session did not need it)."""
         if self._compiled is None and self.from_cache and self._cache is not None:
             self._compiled = self._cache.load_compiled()
+        if self._compiled is None and self._compiled_path:  # opened from its stored executable
+            self._compiled = load_proto(self._compiled_path)
         return self._compiled
 
     def _check_coverage(self, where: str) -> None:

@@ -57,11 +57,16 @@ def compile(  # noqa: A001 - the subcommand's name
         input_shapes=parse_input_shapes(input_shape),
         strict=strict,
     )
-    save_model(compiled.model, out, input_path=model)
+    if compiled.wants_external():  # weights and the stored executable beside it (compiled_store)
+        compiled.save(out)
+    else:
+        save_model(compiled.model, out, input_path=model)
     if json_:
         sys.stdout.write(json.dumps({**to_dict(compiled.partition), "output": str(out)}, indent=1) + "\n")
         return
-    grid_rules = Counter(r for r in compiled.partition.rules.values() if r in ("zero_point", "scale", "dtype"))
+    grid_rules = Counter(
+        r for r in compiled.partition.rules.values() if r in ("zero_point", "scale", "dtype")
+    )
     if grid_rules:  # a model quantized for another scheme: one line with the fix, before the details
         what = ", ".join(f"{r} {n}" for r, n in grid_rules.most_common())
         console.print(

@@ -73,9 +73,9 @@ def test_every_command_keeps_external_data(tmp_path: Path, small_limit: None) ->
     q = tmp_path / "q.onnx"
     run_cli("quantize", str(tmp_path / "o.onnx"), str(q), "--calib", str(tmp_path / "calib.npz"),
             "--target", "bm1684x", check=True)  # fmt: skip
-    for name in ("o.onnx", "q.onnx"):  # weights stay beside the model, not inside it
-        assert (tmp_path / f"{name}.data").stat().st_size > (tmp_path / name).stat().st_size
     run_cli("compile", str(q), "--target", "bm1684x", "-o", str(tmp_path / "c.onnx"), check=True)
+    for name in ("o.onnx", "q.onnx", "c.onnx"):  # weights stay beside the model, not inside it
+        assert (tmp_path / f"{name}.data").stat().st_size > (tmp_path / name).stat().st_size
     x = np.random.default_rng(2).standard_normal((1, D)).astype(np.float32)
     np.savez(tmp_path / "in.npz", x=x)
     run_cli(
@@ -102,6 +102,39 @@ def test_quantize_static_api_writes_external_data(tmp_path: Path, small_limit: N
     assert (tmp_path / "q.onnx.data").is_file() and res.report is not None  # the per-layer report ran too
     m = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
     assert any(t.data_location == TensorProto.EXTERNAL for t in m.graph.initializer)
+
+
+def test_quantize_maps_weights_past_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the limit the source's weights stay in their file (onnx-ir ExternalTensors, mapped when read):
+    the quantized model is the one the in-memory path writes, and is whole (no reference to the source)."""
+    import onnx_ir as ir
+
+    from zonnx.ir.large import load_mapped
+    from zonnx.quantization.calibration.readers import ListReader
+
+    src = chain(tmp_path / "m.onnx")
+    feeds = [{"x": np.random.default_rng(i).standard_normal((1, D)).astype(np.float32)} for i in range(4)]
+    assert load_mapped(src) is None  # under the 2 GiB limit: loaded whole, as before
+    zonnx.quantize_static(src, tmp_path / "a.onnx", ListReader(feeds), per_channel=True)
+    monkeypatch.setenv("ZONNX_PROTO_LIMIT", "100000")
+    lazy = load_mapped(src)
+    assert lazy is not None and all(
+        isinstance(v.const_value, ir.ExternalTensor) for v in lazy.graph.initializers.values()
+    )
+    zonnx.quantize_static(src, tmp_path / "b.onnx", ListReader(feeds), per_channel=True)
+    skeleton = onnx.load(str(tmp_path / "b.onnx"), load_external_data=False)
+    assert {e.value for t in skeleton.graph.initializer for e in t.external_data if e.key == "location"} == {
+        "b.onnx.data"
+    }
+    want = {t.name: numpy_helper.to_array(t) for t in load_proto(tmp_path / "a.onnx").graph.initializer}
+    got = {t.name: numpy_helper.to_array(t) for t in load_proto(tmp_path / "b.onnx").graph.initializer}
+    assert want.keys() == got.keys()
+    for name, value in want.items():  # weight codes equal; scales equal to float rounding
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=0 if value.dtype.kind in "iu" else 1e-9)
+    x = feeds[0]["x"]
+    a = ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, {"x": x})[0]
+    b = ort.InferenceSession(str(tmp_path / "b.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(b, a, atol=1e-5)
 
 
 def test_npu_cache_key_covers_external_data(tmp_path: Path, small_limit: None) -> None:

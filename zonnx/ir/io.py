@@ -16,6 +16,7 @@ __all__ = [
     "current_umask",
     "external_data_locations",
     "check_external_files",
+    "check_external_sizes",
     "check_names",
     "check_single_writers",
     "check_wiring",
@@ -96,7 +97,7 @@ def check_external_files(model: onnx.ModelProto, base_dir: Path, where: str) -> 
         )
 
 
-def _check_external_sizes(model: onnx.ModelProto, path: Path) -> None:
+def check_external_sizes(model: onnx.ModelProto, path: Path) -> None:
     """Every external tensor's bytes lie inside its file; a truncated file is a ModelLoadError naming both."""
     for tensor in onnx.external_data_helper._get_all_tensors(model):
         if not onnx.external_data_helper.uses_external_data(tensor):
@@ -139,7 +140,7 @@ def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True)
     check_structure(model, str(p))
     if load_external_data:  # without it (inspect) missing files are the caller's note, not an error
         check_external_files(model, p.parent, str(p))
-        _check_external_sizes(model, p)
+        check_external_sizes(model, p)
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as e:

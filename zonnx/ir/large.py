@@ -4,23 +4,54 @@ Protobuf cannot serialize a message of 2 GiB or more, so a model whose tensors e
 (``zonnx.ir.io``) is never turned into bytes whole: copies use ``CopyFrom``; its digest hashes the graph
 without tensor data, then each tensor's bytes; ORT sessions get its large initializers as OrtValues
 (``SessionOptions.add_external_initializers``) next to a light graph that declares them external.
+
+A model file whose external data exceeds ``proto_limit()`` is not read at all (``load_mapped``): its
+tensors stay onnx-ir ``ExternalTensor``s, memory-mapped from their files when a pass reads them, so no
+float copy of the weights is made. Their locations are rewritten relative to ``EXTERNAL_ROOT`` (the
+filesystem root: ORT refuses absolute locations), so any protobuf serialized from that model names its
+files completely; ``session_folder`` points an ORT session at that root, and ORT maps the files itself.
+Such a protobuf is never saved as is: ``materialize`` reads what is still external before writing.
 """
 
 from __future__ import annotations
 
-__all__ = ["is_large", "copy_model", "model_digest", "ort_session"]
+__all__ = [
+    "EXTERNAL_ROOT",
+    "FOLDER_KEY",
+    "is_large",
+    "copy_model",
+    "load_mapped",
+    "materialize",
+    "release_mapped",
+    "rooted",
+    "deserialize",
+    "external_tensors",
+    "model_digest",
+    "ort_session",
+    "session_folder",
+]
 
+import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
 import onnx.external_data_helper
+import onnx_ir as ir
 
-from zonnx.ir.io import external_data_locations, proto_limit, tensor_bytes
+from zonnx.errors import ModelLoadError
+from zonnx.ir.io import (
+    check_external_files,
+    check_external_sizes,
+    external_data_locations,
+    load_proto,
+    proto_limit,
+    tensor_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +66,126 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
+
+
+#: Lazily loaded models name their external files relative to this folder (module docstring).
+EXTERNAL_ROOT = "/"
+#: ORT's session option: the folder external data of a model given as bytes is read from.
+FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+
+def _external(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [
+        t
+        for t in onnx.external_data_helper._get_all_tensors(model)
+        if onnx.external_data_helper.uses_external_data(t)
+    ]
+
+
+def load_mapped(path: str | os.PathLike[str]) -> ir.Model | None:
+    """The model at ``path`` with its external tensors left in their files (memory-mapped when read) when
+    their bytes exceed ``proto_limit()``; None for a model to load whole (inline, or under the limit).
+    A missing or truncated data file is a ModelLoadError naming it and the tensor."""
+    p = Path(path)
+    skeleton = load_proto(p, load_external_data=False)
+    external = _external(skeleton)
+    total = sum(int(onnx.external_data_helper.ExternalDataInfo(t).length or 0) for t in external)
+    if not external or total <= proto_limit():
+        return None
+    check_external_files(skeleton, p.parent, str(p))
+    check_external_sizes(skeleton, p)
+    folder = p.resolve().parent
+    for t in external:
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = os.path.relpath(folder / entry.value, EXTERNAL_ROOT)
+    try:
+        model = ir.serde.deserialize_model(skeleton)
+    except Exception as e:  # onnx-ir raises several types on malformed graphs
+        raise ModelLoadError(f"{p}: its graph is malformed ({e}).") from None
+    ir.external_data.set_base_dir(model.graph, EXTERNAL_ROOT)
+    logger.info("%s: %.2f GB of external data stays in its files (memory-mapped)", p, total / 1e9)
+    return model
+
+
+def external_tensors(model: ir.Model) -> list[ir.ExternalTensor]:
+    """The model's initializers that are onnx-ir ``ExternalTensor``s (mapped from their files when read)."""
+    return [
+        v.const_value
+        for v in model.graph.initializers.values()
+        if isinstance(v.const_value, ir.ExternalTensor)
+    ]
+
+
+def release_mapped(tensors: list[ir.ExternalTensor]) -> int:
+    """Unmap every tensor that no array still views (it maps again when read), so weights a pass has read
+    stop counting in the process's memory; returns how many were unmapped."""
+    released = 0
+    for tensor in tensors:
+        if tensor.raw is not None:
+            try:
+                tensor.release()
+                released += 1
+            except BufferError:  # an array still views the mapping: it stays until that array goes
+                pass
+    return released
+
+
+def materialize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Read the tensors a lazily loaded model still names by ``EXTERNAL_ROOT`` into the model (in place),
+    so it can be saved anywhere; other models are returned unchanged."""
+    for t in _external(model):
+        loc = onnx.external_data_helper.ExternalDataInfo(t).location
+        if not os.path.isabs(loc) and (Path(EXTERNAL_ROOT) / loc).is_file():
+            onnx.external_data_helper.load_external_data_for_tensor(t, EXTERNAL_ROOT)
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+    return model
+
+
+@contextlib.contextmanager
+def rooted(model: onnx.ModelProto, folder: Path | None) -> Iterator[onnx.ModelProto]:
+    """Within the block, ``model``'s external tensors that live in ``folder`` name their files relative to
+    ``EXTERNAL_ROOT``, as a lazily loaded model's do, so ORT sessions map them (``session_folder``); the
+    locations are restored after. ``folder`` None changes nothing."""
+    changed: list[tuple[onnx.StringStringEntryProto, str]] = []
+    if folder is not None:
+        for t in _external(model):
+            for entry in t.external_data:
+                if (
+                    entry.key == "location"
+                    and not os.path.isabs(entry.value)
+                    and (folder / entry.value).is_file()
+                ):
+                    changed.append((entry, entry.value))
+                    entry.value = os.path.relpath(folder.resolve() / entry.value, EXTERNAL_ROOT)
+    try:
+        yield model
+    finally:
+        for entry, value in changed:
+            entry.value = value
+
+
+def _names_rooted(model: onnx.ModelProto) -> bool:
+    locations = external_data_locations(model)
+    return any(not os.path.isabs(loc) and (Path(EXTERNAL_ROOT) / loc).is_file() for loc in locations)
+
+
+def deserialize(model: onnx.ModelProto) -> ir.Model:
+    """``ir.serde.deserialize_model``, with external tensors read from ``EXTERNAL_ROOT`` when the model
+    names its files as a lazily loaded model does."""
+    out = ir.serde.deserialize_model(model)
+    if _names_rooted(model):
+        ir.external_data.set_base_dir(out.graph, EXTERNAL_ROOT)
+    return out
+
+
+def session_folder(opts: Any, model: onnx.ModelProto) -> None:
+    """Point ORT (``SessionOptions`` ``opts``) at ``EXTERNAL_ROOT`` when ``model`` names external files
+    of a lazily loaded model: ORT then maps them itself, and packs no second copy of them."""
+    if _names_rooted(model):
+        opts.add_session_config_entry(FOLDER_KEY, EXTERNAL_ROOT)
+        opts.add_session_config_entry("session.disable_prepacking", "1")
 
 
 def model_digest(model: onnx.ModelProto | str | os.PathLike[str]) -> str:
@@ -77,6 +228,7 @@ def ort_session(model: onnx.ModelProto, options: Any = None, providers: Sequence
 
     opts = options or ort.SessionOptions()
     providers = list(providers or ["CPUExecutionProvider"])
+    session_folder(opts, model)
     if not is_large(model):
         return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
     light = onnx.ModelProto()

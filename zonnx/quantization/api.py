@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = ["quantize_static", "QuantizeResult", "build_config"]
 
 import dataclasses
+import gc
 import logging
 import os
 from collections import Counter
@@ -16,12 +17,13 @@ import onnx
 import onnx_ir as ir
 
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
-from zonnx.ir.io import default_opset, save_model, to_ir, to_proto
-from zonnx.ir.large import copy_model
+from zonnx.ir.io import default_opset, load_proto, save_model, to_ir, to_proto
+from zonnx.ir.large import copy_model, external_tensors, load_mapped, materialize, release_mapped, rooted
 from zonnx.quantization.annotate import annotate
 from zonnx.quantization.annotate_config import annotate_config
 from zonnx.quantization.config import QuantConfig, check_float8, resolve_format, resolve_method, resolve_type
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
+from zonnx.quantization.finish import run_reports
 from zonnx.quantization.formats.typed_params import store_qparams_typed
 from zonnx.quantization.holdout import HoldOutReader
 from zonnx.quantization.options import parse_extra_options
@@ -299,7 +301,9 @@ def quantize_static(
     from zonnx.quantization.recovery import steps as recovery
 
     recovery.check_recovery_options(cfg, calibration_data_reader is not None)
-    model = to_ir(
+    # past proto_limit() a file's external weights stay mapped from it, read one tensor at a time
+    mapped = load_mapped(model_input) if isinstance(model_input, str | os.PathLike) else None
+    model = mapped or to_ir(
         copy_model(model_input)  # CopyFrom: works past 2 GiB
         if isinstance(model_input, onnx.ModelProto)
         else model_input
@@ -309,6 +313,8 @@ def quantize_static(
     has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
     imported = prequant.import_for_quantize(model, has_data)
     _prepare(model, cfg)
+    mapped_weights = external_tensors(model) if mapped is not None else []
+    release_mapped(mapped_weights)  # weights the passes read stop counting in memory (mapped again when read)
     records = recovery.recover_float(model, cfg)
     if cfg.extra.smooth_quant:
         from zonnx.quantization.recovery.smooth_quant import smooth_quant_reader
@@ -389,6 +395,7 @@ def quantize_static(
 
         remove_activations(model, plan)
     counts, opset = write_model(model, plan, cfg)
+    release_mapped(mapped_weights)
     refinement = None
     if target is not None:
         from zonnx.quantization.refine.pipeline import refine_model
@@ -401,39 +408,40 @@ def quantize_static(
         records.update(
             recovery.recover_quantized(model, float_model, feeds, cfg, target, calibration_providers)
         )
-    proto = to_proto(model)
+    proto = materialize(to_proto(model))  # what is still in the input's files is read: the output is whole
+    streamed = mapped is not None
+    if streamed:  # past the limit: the graph's copy of the quantized weights goes before the report
+        del model, mapped, mapped_weights
+        gc.collect()  # the graph's nodes and values refer to each other
     store_qparams_typed(proto)
     if isinstance(model_input, str | Path):  # for `zonnx run --compare golden` on the compiled model
         kept = [p for p in proto.metadata_props if p.key != "zonnx.float_source"]
         del proto.metadata_props[:]
         proto.metadata_props.extend(kept)
+        del kept  # its entries would keep the whole protobuf alive
         proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
     result = QuantizeResult(
         proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=records, prepared=float_model
     )
-    if imported is not None:
-        feeds = reader.fill() if reader is not None else []
-        result.prequant = prequant.finish_report(imported, grid_rows, model_input, proto, feeds, calibration_providers)
-    if reader is not None and (reader.kept or holdout.held) and cfg.extra.report_samples:
-        from zonnx.quantization.collapse import similarity_warning
-        from zonnx.quantization.report import layer_report
-
-        feeds = (holdout.held or reader.kept)[: cfg.extra.report_samples]
-        result.report = layer_report(float_model, proto, feeds, max_samples=len(feeds))
-        result.report.data = holdout.describe(len(feeds))
-        warning = similarity_warning(
-            result.report,
-            float_model,
-            cfg.extra.warn_below_cosine,
-            target=target.name if target is not None else None,
-            placement=cfg.extra.quant_placement,
-            int16=target is not None and "int16" in target.quant.activation_dtypes,
-        )
-        if warning:
-            logger.warning("%s", warning)
-            result.warnings.append(warning)
-    if out is not None:
+    early = out is not None and streamed  # past the limit: written first, so the report maps its weights
+    if early:  # the written file's graph replaces the proto, whose buffers would outlive its moved weights
         save_model(proto, out, external_data=True if cfg.use_external_data_format else None)
+        proto = result.model = load_proto(out, load_external_data=False)
+    with rooted(proto, out.parent if early else None):
+        run_reports(
+            result,
+            imported,
+            grid_rows,
+            model_input,
+            float_model,
+            reader,
+            holdout,
+            target,
+            calibration_providers,
+        )
+    if out is not None:
+        if not early:
+            save_model(proto, out, external_data=True if cfg.use_external_data_format else None)
         report_path = cfg.extra.report_path or f"{out}.report.json"
         if result.report is not None and report_path:
             result.report.write(report_path)

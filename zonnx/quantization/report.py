@@ -48,6 +48,7 @@ import onnxruntime as ort
 
 from zonnx.errors import OptionError, VerificationError
 from zonnx.ir.io import ModelLike, load_proto, to_proto
+from zonnx.ir.large import deserialize
 from zonnx.quantization.report_render import REPORT_VERSION, LayerReport, MetricSums, TensorStats
 from zonnx.verify import exact_integer_form
 
@@ -336,7 +337,7 @@ def layer_report(
     """
     fproto, fpath = _load(float_model)
     qproto, qpath = _load(quant_model)
-    fmodel, qmodel = ir.serde.deserialize_model(fproto), ir.serde.deserialize_model(qproto)
+    fmodel, qmodel = deserialize(fproto), deserialize(qproto)  # reads files a mapped model names
     tracer = _Tracer(fmodel, qmodel)
     matches = tracer.run()
     fouts, qouts = [o.name for o in fmodel.graph.outputs], [o.name for o in qmodel.graph.outputs]

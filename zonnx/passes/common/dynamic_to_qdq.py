@@ -14,8 +14,15 @@ flattened). com.microsoft ``MatMulIntegerToFloat(A, B, sa, sb, za, zb, bias)`` b
 ``MatMul(DQ(A, sa, za), DQ(B, sb, zb)) [+ bias]``; ``DynamicQuantizeMatMul(A, B, sb, zb, bias)`` becomes
 ``MatMul(DQ(DynamicQuantizeLinear(A)), DQ(B, sb, zb)) [+ bias]`` (the activation is still quantized per run,
 as in the kernel). The activation codes keep their dynamic parameters, so the output equals the integer
-kernels' up to float rounding; a later import strips ``DQ(DynamicQuantizeLinear(x))`` to ``x``. Forms it
-does not know (DynamicQuantizeLSTM, a tail that is not Cast -> Mul) are left and reported as misses.
+kernels' up to float rounding; a later import strips ``DQ(DynamicQuantizeLinear(x))`` to ``x``.
+
+com.microsoft ``DynamicQuantizeLSTM(X, W, R, B, seq, h0, c0, P, sw, zw, sr, zr)`` stores ``W`` as
+``[D, input, 4H]`` and ``R`` as ``[D, H, 4H]`` codes with a scale per direction (``[D]``) or per direction
+and gate column (``[D, 4H]``). It becomes a float ``LSTM`` (same attributes) whose weights are the
+dequantized constants ``((q - z) * s)`` transposed to ONNX's ``[D, 4H, input]`` / ``[D, 4H, H]``: the
+weights are exact; the kernel's per-step quantization of X and of the hidden state is not reproduced (it
+is activation rounding, which the target's quantization replaces). Forms it does not know (a tail that is
+not Cast -> Mul, non-constant LSTM weights) are left and reported as misses.
 """
 
 from __future__ import annotations
@@ -180,6 +187,34 @@ def _matmul_to_float(em: _Emitter, n: ir.Node) -> tuple[list[ir.Node], str | Non
     return [n], None
 
 
+def _lstm_to_float(em: _Emitter, n: ir.Node) -> tuple[list[ir.Node], str | None]:
+    """com.microsoft DynamicQuantizeLSTM to a float LSTM on its dequantized, transposed weights."""
+    x, w, r, b, seq, h0, c0, p, sw, zw, sr, zr = (_in(n, i) for i in range(12))
+    mats = []
+    for code, scale, zero, what in ((w, sw, zw, "W"), (r, sr, zr, "R")):
+        q, s = const_array(code), const_array(scale)
+        z = const_array(zero) if zero is not None else np.zeros(1, np.float32)
+        if q is None or s is None or z is None or q.ndim != 3:
+            return [], f"{label(n)} (DynamicQuantizeLSTM): {what}, its scale or zero point is not a constant"
+        if s.size not in (1, q.shape[0], q.shape[0] * q.shape[2]) or z.size not in (1, s.size):
+            return (
+                [],
+                f"{label(n)} (DynamicQuantizeLSTM): {what} scale of shape {s.shape} is not per direction or per column",
+            )
+        shape = (q.shape[0], 1, -1) if s.size > 1 else ()
+        zs = z.astype(np.float32).reshape(shape if z.size > 1 else ())
+        real = (q.astype(np.float32) - zs) * s.astype(np.float32).reshape(shape)
+        mats.append(em.const(np.ascontiguousarray(real.transpose(0, 2, 1), np.float32), f"{code.name}_float"))
+    attrs = {k: a.value for k, a in n.attributes.items()}
+    outs = [ir.Value(name=em.fresh(f"{o.name or 'lstm_out'}_float")) for o in n.outputs]
+    em.graph.insert_before(n, ir.node("LSTM", [x, *mats, b, seq, h0, c0, p], attributes=attrs, outputs=outs,
+                                      name=em.fresh(f"{n.name or 'LSTM'}_float")))  # fmt: skip
+    for old, new in zip(n.outputs, outs, strict=True):
+        new.type, new.shape = old.type, old.shape
+        _take_over(em, old, new)
+    return [n], None
+
+
 class DynamicToQDQPass(ZonnxPass):
     """Rewrites dynamic-quantization integer ops into ``DynamicQuantizeLinear -> DQ -> float op``.
 
@@ -199,11 +234,8 @@ class DynamicToQDQPass(ZonnxPass):
                 dead, reason = _integer_tail(em, node)
             elif domain == _MS and node.op_type in ("MatMulIntegerToFloat", "DynamicQuantizeMatMul"):
                 dead, reason = _matmul_to_float(em, node)
-            elif node.op_type == "DynamicQuantizeLSTM":
-                dead, reason = (
-                    [],
-                    f"{label(node)} (DynamicQuantizeLSTM): not rewritten (no float LSTM form yet)",
-                )
+            elif domain == _MS and node.op_type == "DynamicQuantizeLSTM":
+                dead, reason = _lstm_to_float(em, node)
             else:
                 continue
             if reason is not None:

@@ -32,7 +32,8 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from zonnx.ir.io import ModelLike, to_proto
+from zonnx.ir.io import ModelLike, proto_limit, to_proto
+from zonnx.ir.large import session_folder
 from zonnx.quantization.calibration import augment
 from zonnx.quantization.calibration.methods import requirements
 from zonnx.quantization.calibration.readers import CalibrationError, validated
@@ -111,6 +112,9 @@ def calibration_session(
     opts = ort.SessionOptions()
     opts.graph_optimization_level = level
     opts.log_severity_level = 3
+    if sum(w.ByteSize() for w in aug.weights) > proto_limit():  # past 2 GiB: no packed copy of weights
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    session_folder(opts, aug.model)  # a lazily loaded model: ORT maps its weights from their files
     try:
         if aug.weights:
             arrays = [numpy_helper.to_array(w) for w in aug.weights]

@@ -309,10 +309,10 @@ def import_prequantized(model: ir.Model) -> ImportedModel | None:
     if form is None:
         return None
     imported = ImportedModel(form)
-    if form == "fixneuron":
-        raise UnsupportedModelError(
-            "FixNeuron/VitisQDQ models are not imported yet; quantize the float model for the target instead."
-        )
+    if form == "fixneuron":  # power-of-two com.zonnx quantizers: the same grids as ONNX QDQ
+        from zonnx.quantization.prequant.vitis import vitis_to_qdq
+
+        imported.rewrites.update(vitis_to_qdq(model))
     if form in ("dynamic", "qoperator"):
         _to_qdq(model, imported)
     importer = _Importer(model, imported)
