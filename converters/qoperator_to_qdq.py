@@ -40,6 +40,7 @@ import onnx_ir as ir
 
 from zonnx.converters.common import ConversionError
 from zonnx.ir.io import default_opset, to_proto
+from zonnx.ir.names import NameSource
 from zonnx.passes.base import Changes, ZonnxPass
 from zonnx.passes.fusion.matching import const_array, label, prune, replace_value
 
@@ -69,19 +70,14 @@ class _Rewriter:
     def __init__(self, model: ir.Model) -> None:
         self.model = model
         self.graph = model.graph
-        self.names = set(ir.convenience.create_value_mapping(model.graph)) | {n.name for n in model.graph}
+        self.names = NameSource.of(model.graph)
         self.params: dict[ir.Value, _Params] = {}
         self.dq_cache: dict[tuple[int, int, int, int | None], ir.Value] = {}
         self.anchor: ir.Node | None = None
         self.new_nodes: list[ir.Node] = []
 
     def fresh(self, hint: str) -> str:
-        name, i = hint, 0
-        while name in self.names:
-            i += 1
-            name = f"{hint}_{i}"
-        self.names.add(name)
-        return name
+        return self.names.fresh(hint)
 
     def emit(self, op: str, inputs: Sequence[ir.Value | None], hint: str, attrs: Sequence[ir.Attr] = (),
              num_outputs: int = 1, dtype: ir.DataType | None = None) -> list[ir.Value]:  # fmt: skip

@@ -34,6 +34,7 @@ import logging
 import numpy as np
 import onnx_ir as ir
 
+from zonnx.ir.names import NameSource
 from zonnx.passes.base import Changes, ZonnxPass
 from zonnx.passes.fusion.matching import const_array, label, prune, replace_value
 
@@ -58,16 +59,10 @@ class _Emitter:
 
     def __init__(self, graph: ir.Graph) -> None:
         self.graph = graph
-        self.names = {v.name for n in graph for v in n.outputs} | set(graph.initializers)
-        self.names |= {v.name for v in graph.inputs}
+        self.names = NameSource.of(graph)
 
     def fresh(self, hint: str) -> str:
-        name, i = hint, 0
-        while name in self.names:
-            i += 1
-            name = f"{hint}_{i}"
-        self.names.add(name)
-        return name
+        return self.names.fresh(hint)
 
     def node(
         self, anchor: ir.Node, op: str, inputs: list[ir.Value | None], hint: str, **attrs: object

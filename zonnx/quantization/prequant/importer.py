@@ -28,6 +28,7 @@ import onnx_ir as ir
 
 from zonnx.errors import UnsupportedModelError
 from zonnx.ir.io import default_opset
+from zonnx.ir.names import NameSource
 from zonnx.passes.fusion.matching import const_array, label, prune, replace_value
 from zonnx.quantization.prequant.detect import quantized_form
 from zonnx.quantization.prequant.grids import Grid, grid_from_arrays
@@ -132,15 +133,10 @@ class _Importer:
     def __init__(self, model: ir.Model, imported: ImportedModel) -> None:
         self.model, self.graph, self.out = model, model.graph, imported
         self.relu_of: dict[int, ir.Value] = {}
-        self.names = {v.name for n in self.graph for v in n.outputs} | set(self.graph.initializers)
+        self.names = NameSource.of(self.graph)
 
     def fresh(self, hint: str) -> str:
-        name, i = hint, 0
-        while name in self.names:
-            i += 1
-            name = f"{hint}_{i}"
-        self.names.add(name)
-        return name
+        return self.names.fresh(hint)
 
     def constant(self, dq: ir.Node, codes: np.ndarray) -> str | None:
         """DQ of constant codes -> float constant; the weight's grid is recorded."""

@@ -33,6 +33,7 @@ import onnx_ir as ir
 from zonnx.custom_ops import ZONNX_DOMAIN
 from zonnx.custom_ops.grid import canonical_round_mode, code_reference
 from zonnx.errors import UnsupportedModelError
+from zonnx.ir.names import NameSource
 from zonnx.passes.fusion.matching import const_array, label, replace_value
 
 logger = logging.getLogger(__name__)
@@ -49,15 +50,10 @@ _STORAGE = {
 class _Rewriter:
     def __init__(self, model: ir.Model) -> None:
         self.graph = model.graph
-        self.names = {v.name for n in self.graph for v in n.outputs} | set(self.graph.initializers)
+        self.names = NameSource.of(self.graph)
 
     def fresh(self, hint: str) -> str:
-        name, i = hint, 0
-        while name in self.names:
-            i += 1
-            name = f"{hint}_{i}"
-        self.names.add(name)
-        return name
+        return self.names.fresh(hint)
 
     def constant(self, hint: str, array: np.ndarray) -> ir.Value:
         name = self.fresh(hint)
