@@ -69,11 +69,18 @@ class GatedModel:
     ``units`` maps each activation quantizer's tensor (the float tensor it quantizes, by the name the
     plan knows it under when ``known`` is given) to its (gate input, ratio input) names. ``outputs``:
     the tensors ``run`` returns (the graph outputs by default; any tensor of the model may be named).
+    ``keep``: tensors whose quantizer is never switched off, because it does a removed Relu/Clip's clipping
+    (``QuantPlan.removed``): off, it would let negative values through.
     """
 
     def __init__(
-        self, model: onnx.ModelProto, known: Iterable[str] | None = None, outputs: Sequence[str] | None = None
+        self,
+        model: onnx.ModelProto,
+        known: Iterable[str] | None = None,
+        outputs: Sequence[str] | None = None,
+        keep: Iterable[str] = (),
     ) -> None:
+        self.keep = set(keep)
         self._pending: dict[int, tuple[str, str]] = {}
         self._all_inputs: list[tuple[str, str, str]] = []
         m = onnx.ModelProto()
@@ -143,7 +150,9 @@ class GatedModel:
         ratios = ratios or {}
         out = {}
         for name, g, r in self._all_inputs:
-            out[g] = np.array(1.0 if chosen is None or name in chosen else 0.0, np.float32)
+            out[g] = np.array(
+                1.0 if chosen is None or name in chosen or name in self.keep else 0.0, np.float32
+            )
             out[r] = np.array(ratios.get(name, 1.0), np.float32)
         return out
 

@@ -25,7 +25,7 @@ __all__ = ["GroupSensitivity", "group_owners", "measure_groups", "measured_order
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -100,10 +100,12 @@ def measure_groups(
     samples: Sequence[Mapping[str, np.ndarray]],
     *,
     progress: Callable[[int, int], None] | None = None,
+    keep: Iterable[str] = (),
 ) -> list[GroupSensitivity]:
-    """Each group's output noise with only its quantizers on (see the module docstring), in group order."""
+    """Each group's output noise with only its quantizers on (see the module docstring), in group order;
+    ``keep``: quantizers that stay on in every run (a removed Relu/Clip's clipping, ``QuantPlan.removed``)."""
     measured = measured_outputs(float_model)
-    gated = GatedModel(quant_model, known=[t for g in groups for t in g], outputs=measured)
+    gated = GatedModel(quant_model, known=[t for g in groups for t in g], outputs=measured, keep=keep)
     names = {i.name for i in float_model.graph.input}
     feeds = [{k: v for k, v in s.items() if k in names} for s in samples]
     reference = _float_outputs(float_model, measured, feeds)

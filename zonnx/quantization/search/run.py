@@ -89,7 +89,7 @@ def quantize_with_budget(
     if order_by not in ORDERS:
         raise OptionError(f"--search-order {order_by!r}: use one of {', '.join(ORDERS)}.")
     if measure_samples < 1:
-        raise OptionError(f"--measure-samples {measure_samples}: measure on at least 1 sample.")
+        raise OptionError(f"measure_samples={measure_samples}: measure on at least 1 sample.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
     if eval_feeds is None:
         calib, held = split_eval(feeds)
@@ -118,6 +118,7 @@ def quantize_with_budget(
                 baseline.plan.groups(),
                 baseline.plan.quantized_nodes,
                 held[:measure_samples],
+                keep={t for pair in baseline.plan.removed.values() for t in pair},
             )
             order = measured_order(sens)
         scorer = CandidateScorer(
