@@ -91,3 +91,19 @@ def test_a_softmax_output_is_measured_on_its_logits() -> None:
     )
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 4], np.int64), "shape"))
     assert measured_outputs(model) == ["z"]
+
+
+def test_an_unknown_search_order_is_one_clear_error(tmp_path: Path) -> None:
+    from zonnx.errors import OptionError
+    from zonnx.quantization.search.run import quantize_with_budget
+
+    with pytest.raises(OptionError, match=r"--search-order 'noisiest': use one of report, measured"):
+        quantize_with_budget(
+            zoo.get("digits_cnn"),
+            tmp_path / "q.onnx",
+            _feeds(8),
+            build_config(),
+            budget=1,
+            order_by="noisiest",
+        )
+    assert not (tmp_path / "q.onnx").exists()
