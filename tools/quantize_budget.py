@@ -37,6 +37,7 @@ def run_budget_search(
     search_samples: int | None = None,
     min_npu_share: float = 0.0,
     executor: Any = None,
+    order_by: str = "report",
 ) -> None:
     """Search, print every candidate and ``summary`` of the final model, write the model and its config
     file; exit 1 under ``strict`` when the budget is not met. ``executor`` runs calibration shards and
@@ -59,6 +60,7 @@ def run_budget_search(
         str(model), output, reader, cfg, budget=budget, metric=metric, eval_feeds=eval_feeds,
         max_layers=search_layers, measure_layers=measure_layers, progress=progress,
         input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share, executor=executor,
+        order_by=order_by,
     )  # fmt: skip
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "

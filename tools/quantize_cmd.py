@@ -280,6 +280,12 @@ def quantize(
     measure_layers: int = typer.Option(
         0, "--measure-layers", help="Re-order the first N candidate layers by measured sensitivity (cached)."
     ),
+    search_order: str = typer.Option(
+        "report",
+        "--search-order",
+        help="Order of the layers the budget search raises: report (per-layer report's added noise) or "
+        "measured (output noise of each group quantized alone, on the evaluation samples).",
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
     input_shape: list[str] = typer.Option(
         None,
@@ -338,11 +344,11 @@ def quantize(
          "the per-layer report": Path(f"{output}.report.json"), **search_outputs},
     )  # fmt: skip
     if accuracy_budget is None and (
-        eval_data or metric != "cosine" or strict or input_shape or search_samples
+        eval_data or metric != "cosine" or strict or input_shape or search_samples or search_order != "report"
     ):
         raise OptionError(
-            "--metric, --eval, --strict, --input-shape and --search-samples go with --accuracy-budget; add it "
-            "or drop them."
+            "--metric, --eval, --strict, --input-shape, --search-samples and --search-order go with "
+            "--accuracy-budget; add it or drop them."
         )
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
@@ -433,7 +439,7 @@ def quantize(
         run_budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
                           search_layers, measure_layers, strict, _summary,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
-                          min_npu_share=min_npu_share, executor=executor)  # fmt: skip
+                          min_npu_share=min_npu_share, executor=executor, order_by=search_order)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()

@@ -167,7 +167,11 @@ def test_bad_search_input_is_one_clear_error(digits: Path, tmp_path: Path) -> No
     proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--calib", "c.npz", "--metric", "top1")
     assert proc.returncode == 2 and "go with --accuracy-budget" in proc.stderr
     proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--input-shape", "input:1,1,8,8")
-    assert proc.returncode == 2 and "--input-shape and --search-samples go with" in proc.stderr
+    assert (
+        proc.returncode == 2 and "--input-shape, --search-samples and --search-order go with" in proc.stderr
+    )
+    proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--search-order", "measured")
+    assert proc.returncode == 2 and "--search-order go with --accuracy-budget" in proc.stderr
 
 
 def test_targets_offer_int16_where_their_file_says_so() -> None:

@@ -6,7 +6,8 @@ metric of the float model against itself, e.g. 1.0 for cosine, top1 and char-acc
 1. Baseline: quantize as configured, saving statistics, with the per-layer report; score it on the
    evaluation samples. Within budget: done, nothing is raised.
 2. Order: compute layers by the quantization noise each adds (``rank_layers``, from the baseline's
-   per-layer report, no extra run), the first ``max_layers``; optionally the first ``measure_layers``
+   per-layer report, no extra run), or by measured sensitivity (``order``: the output noise each
+   shared-scale group causes when it alone is quantized, ``measure.py``), the first ``max_layers``; optionally the first ``measure_layers``
    re-ordered by measured sensitivity (each raised alone, ``sensitivity.py``). A layer is raised to
    the precision the target offers: ``int16`` when its activation types include it, else ``float``
    (an NPU runs it on the CPU); ``float`` without a target.
@@ -112,9 +113,11 @@ def search_budget(
     calib_digest: str = "",
     min_npu_share: float = 0.0,
     trials_per_round: int = 1,
+    order: Sequence[str] | None = None,
 ) -> BudgetResult:
     """Run steps 1-6 of the module docstring on a scorer built for the baseline configuration;
-    ``executor`` runs the sensitivity tasks, and the step-3 probes when ``trials_per_round`` > 1."""
+    ``executor`` runs the sensitivity tasks, and the step-3 probes when ``trials_per_round`` > 1; ``order``
+    (the most sensitive node first, e.g. ``measure.measured_order``) replaces the report's ranking."""
     if not (math.isfinite(budget) and budget >= 0):
         raise OptionError(f"--accuracy-budget {budget}: give points of the metric, a number >= 0 (e.g. 0.5).")
     if trials_per_round < 1:
@@ -134,7 +137,11 @@ def search_budget(
     sensitivity: dict[str, Candidate] = {}
     best = baseline
     if baseline.score < threshold:
-        ranked = rank_layers(baseline_report, prepared, quantized_nodes, len(quantized_nodes))
+        ranked = (
+            list(order)
+            if order is not None
+            else rank_layers(baseline_report, prepared, quantized_nodes, len(quantized_nodes))
+        )
         order = ranked[
             : min(max_layers, len(ranked) - 1)
         ]  # raising every layer would leave nothing quantized

@@ -8,7 +8,7 @@ is quantized with the chosen overrides; the overrides are written next to it as 
 
 from __future__ import annotations
 
-__all__ = ["quantize_with_budget", "read_feeds"]
+__all__ = ["quantize_with_budget", "read_feeds", "ORDERS"]
 
 import dataclasses
 import logging
@@ -24,11 +24,14 @@ from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
 from zonnx.quantization.search.executor import Executor
+from zonnx.quantization.search.measure import measure_groups, measured_order
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import feeds_digest
 
 logger = logging.getLogger(__name__)
 
+#: How the search orders the layers it may raise (``quantize_with_budget(order_by=)``).
+ORDERS = ("report", "measured")
 #: Most samples read into memory from a calibration reader for the search.
 MAX_SEARCH_SAMPLES = 4096
 
@@ -63,6 +66,8 @@ def quantize_with_budget(
     search_samples: int | None = None,
     min_npu_share: float = 0.0,
     trials_per_round: int | None = None,
+    order_by: str = "report",
+    measure_samples: int = 2,
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
@@ -70,8 +75,10 @@ def quantize_with_budget(
     ``search_samples``: score candidates on the first N evaluation samples and confirm the choice on
     all of them; ``min_npu_share``: a choice with a smaller share of MACs on the target's NPU does not
     meet the budget; ``trials_per_round``: probes the search scores at once on ``executor`` (None: the
-    executor's ``workers``, 1 in process, which is the plain binary search). Returns the final
-    ``QuantizeResult``, the ``BudgetResult`` (every candidate) and the config path.
+    executor's ``workers``, 1 in process, which is the plain binary search); ``order_by``: ``"report"``
+    ranks layers by the per-layer report's added noise, ``"measured"`` by the output noise each shared-scale
+    group causes alone (``measure.py``) on the first ``measure_samples`` evaluation samples. Returns the
+    final ``QuantizeResult``, the ``BudgetResult`` (every candidate) and the config path.
     """
     from zonnx.quantization.api import quantize_static
 
@@ -81,6 +88,10 @@ def quantize_with_budget(
         raise OptionError(f"--search-layers {max_layers}: measure at least 1 layer.")
     if not 0.0 <= min_npu_share <= 1.0:
         raise OptionError(f"--min-npu-share {min_npu_share}: give a share of MACs in [0, 1], e.g. 0.9.")
+    if order_by not in ORDERS:
+        raise OptionError(f"--search-order {order_by!r}: use one of {', '.join(ORDERS)}.")
+    if measure_samples < 1:
+        raise OptionError(f"measure_samples={measure_samples}: measure on at least 1 sample.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
     if eval_feeds is None:
         calib, held = split_eval(feeds)
@@ -104,6 +115,17 @@ def quantize_with_budget(
             raise OptionError(
                 "the accuracy search needs the per-layer report; set ReportSamples to 1 or more."
             )
+        order = None
+        if order_by == "measured":
+            sens = measure_groups(
+                baseline.model,
+                baseline.prepared,
+                baseline.plan.groups(),
+                baseline.plan.quantized_nodes,
+                held[:measure_samples],
+                keep={t for pair in baseline.plan.removed.values() for t in pair},
+            )
+            order = measured_order(sens)
         scorer = CandidateScorer(
             model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples,
             calib_feeds=calib,
@@ -124,6 +146,7 @@ def quantize_with_budget(
             trials_per_round=int(getattr(executor, "workers", 1))
             if trials_per_round is None
             else trials_per_round,
+            order=order,
         )
     final_cfg = dataclasses.replace(
         config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
