@@ -12,9 +12,10 @@ Rows (each quantized from the same calibration sentences):
   A16W8 (int16 activations) and zonnx with SmoothQuant;
 - per target (dpu-b4096, zhouyi-x2, bm1684x): the plain ``--target`` recipe
   (``target_quantize_kwargs``: zhouyi-x2 carries ``ResidualStream16``, int16 around LayerNorms), the
-  recipe + SmoothQuant, and ``quantize_with_budget`` (budget 0.5 points of ``top1`` agreement with
-  float, at least 90% of MACs on the NPU, the input shapes fixed); every target model also compiled and
-  run by ``zonnx.InferenceSession`` with the NPU provider.
+  recipe + SmoothQuant, and ``quantize_with_budget`` (budget 1 point of ``cosine`` against float,
+  i.e. cosine >= 0.99, the issue's target; at least 90% of MACs on the NPU; the input shapes fixed);
+  every target model also compiled and run by ``zonnx.InferenceSession`` with the NPU provider. A
+  compile or NPU failure is a row of its own (the fake-quant row stays).
 
 Figures per row: topic accuracy on the test sentences (peer: float's), mean cosine of the logits
 against float's, and for target rows the same on the simulated NPU and the compiled NPU share of MACs.
@@ -52,7 +53,8 @@ logger = logging.getLogger(__name__)
 
 MODEL = "bert_encoder"
 TARGETS = ("dpu-b4096", "zhouyi-x2", "bm1684x")
-BUDGET = 0.5
+BUDGET = 1.0
+METRIC = "cosine"
 MIN_NPU_SHARE = 0.9
 SHAPES = {"input_ids": [1, SEQ_LEN], "attention_mask": [1, SEQ_LEN]}
 Feed = dict[str, np.ndarray]
@@ -115,10 +117,15 @@ class _Bench:
         out = [Measurement(name, acc, "acc", HIGHER, "float", self.float_acc, note=note)]
         if target is None:
             return out
-        share = compile_model(model, target).partition.mac_share
-        npu_acc, npu_cos = _scores(
-            _logits(_npu(model, target, self.folder / "cache"), self.test), self.ref, self.topics
-        )
+        try:
+            share = compile_model(model, target).partition.mac_share
+            npu_acc, npu_cos = _scores(
+                _logits(_npu(model, target, self.folder / "cache"), self.test), self.ref, self.topics
+            )
+        except Exception as e:  # a failed compile is a figure of its own; the other rows still run
+            logger.warning("%s %s: NPU failed: %s", MODEL, label, e)
+            failed = f"{MODEL} {label}: on the NPU: failed: {type(e).__name__}: {e}"[:240]
+            return out + [Measurement(failed, float("nan"), "acc", HIGHER, note=str(e))]
         name = (
             f"{MODEL} {label}: topic accuracy on the NPU (logits cosine {npu_cos:.4f}, "
             f"{100 * share:.1f}% of MACs on the NPU)"
@@ -178,7 +185,7 @@ def _target(b: _Bench, target: str, search: bool) -> list[Measurement]:
                 ListReader(b.calib),
                 build_config(**target_quantize_kwargs(target)),
                 budget=BUDGET,
-                metric="top1",
+                metric=METRIC,
                 eval_feeds=b.search_eval,
                 input_shapes=SHAPES,
                 min_npu_share=MIN_NPU_SHARE,
@@ -188,7 +195,7 @@ def _target(b: _Bench, target: str, search: bool) -> list[Measurement]:
         result = found["result"]
         verdict = "met" if result.met else "NOT met"
         label = (
-            f"{target} --accuracy-budget {BUDGET} top1 ({verdict}, {result.chosen.raised} layer(s) "
+            f"{target} --accuracy-budget {BUDGET:g} {METRIC} ({verdict}, {result.chosen.raised} layer(s) "
             f"{result.precision}, {len(result.candidates) + 1} candidates, {seconds:.0f} s)"
         )
         out += b.row(label, path, seconds, target)
