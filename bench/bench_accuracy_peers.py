@@ -14,8 +14,10 @@ inference, constant folding, no-op removal, BatchNorm folding): PP-OCRv4 rec shi
 weights in Constant nodes, where NNCF would fall back to per-tensor weights. zonnx gets the zoo model.
 
 Metrics: PP-OCRv4 rec, character accuracy (``char_accuracy``) strict and with every space removed from
-prediction and truth (spaces between words are the model's weakest output); other models, the mean
-cosine between the quantized and the float outputs (all outputs flattened) and the top-1 agreement.
+prediction and truth (spaces between words are the model's weakest output); the trained BERT classifier
+(``bert_encoder``), topic accuracy on held-out sentences, the mean cosine of its logits against float's
+and the top-1 agreement with float; other models, the mean cosine between the quantized and the float
+outputs (all outputs flattened) and the top-1 agreement.
 "Act. Q" counts QuantizeLinear nodes whose input is not a constant (initializer or Constant node).
 Times are the quantize call only (peers: inside their process, after imports).
 """
@@ -43,18 +45,20 @@ from bench.runner import HIGHER, LOWER, BenchContext, Measurement
 from zonnx import zoo
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
+from zonnx.zoo.bert_trained import topic_batch
 from zonnx.zoo.text_images import char_accuracy, ctc_greedy_decode, rec_samples
 
 logger = logging.getLogger(__name__)
 
 Feed = dict[str, np.ndarray]
-#: "rec": PP-OCR rec character accuracy on rendered lines; "cosine": outputs against float's.
-METRICS = ("rec", "cosine")
+#: "rec": PP-OCR rec character accuracy on rendered lines; "topic": the BERT classifier's topic accuracy
+#: and logits against float's; "cosine": outputs against float's.
+METRICS = ("rec", "topic", "cosine")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelCase:
-    """A zoo model, its metric ("rec": PP-OCR rec char accuracy; "cosine": output vs float), sample counts."""
+    """A zoo model, its metric (one of METRICS), sample counts."""
 
     zoo_name: str
     metric: str
@@ -69,10 +73,10 @@ class ModelCase:
 
 
 # ---- The models compared: one line each. A new zoo model with sample inputs needs only a line here,
-# ---- e.g. the BERT-style encoder with an attention mask:  ModelCase("<zoo name>", "cosine", 64, 256, 32, 64),
+# ---- e.g. a model compared by output cosine:  ModelCase("<zoo name>", "cosine", 64, 256, 32, 64),
 MODELS: list[ModelCase] = [
     ModelCase("ppocr_rec", "rec", calib=48, test=300, quick_calib=48, quick_test=100),
-    ModelCase("transformer-random", "cosine", calib=64, test=256, quick_calib=32, quick_test=64),
+    ModelCase("bert_encoder", "topic", calib=64, test=256, quick_calib=32, quick_test=64),
 ]
 
 
@@ -139,6 +143,7 @@ class _Data:
     test: list[Feed]
     truth: list[str] | None = None
     float_outputs: list[np.ndarray] | None = None
+    topics: np.ndarray | None = None
 
 
 def _load_data(case: ModelCase, quick: bool) -> _Data:
@@ -151,12 +156,17 @@ def _load_data(case: ModelCase, quick: bool) -> _Data:
             [t for t, _ in samples[n_calib:]],
         )
     calib = zoo.sample_inputs(case.zoo_name, n_calib, seed=1)
+    if case.metric == "topic":
+        batch, topics = topic_batch(n_test, seed=2)
+        test = [{k: v[i : i + 1] for k, v in batch.items()} for i in range(n_test)]
+        return _Data(calib, test, topics=topics)
     return _Data(calib, zoo.sample_inputs(case.zoo_name, n_test, seed=2))
 
 
-def _outputs(path: Path, feeds: list[Feed]) -> list[np.ndarray]:
+def _outputs(path: Path, feeds: list[Feed], first_only: bool = False) -> list[np.ndarray]:
     sess = _session(path)
-    return [np.concatenate([o.ravel() for o in sess.run(None, f)]).astype(np.float64) for f in feeds]
+    runs = (sess.run(None, f)[:1] if first_only else sess.run(None, f) for f in feeds)
+    return [np.concatenate([o.ravel() for o in outs]).astype(np.float64) for outs in runs]
 
 
 def _metrics(case: ModelCase, path: Path, data: _Data) -> dict[str, float]:
@@ -168,13 +178,18 @@ def _metrics(case: ModelCase, path: Path, data: _Data) -> dict[str, float]:
             "char acc": char_accuracy(preds, truth),
             "char acc, no spaces": char_accuracy(_no_spaces(preds), _no_spaces(truth)),
         }
-    outs = _outputs(path, data.test)
+    outs = _outputs(path, data.test, first_only=case.metric == "topic")
     ref = data.float_outputs or []
+    extra = {}
+    if case.metric == "topic":
+        extra["topic acc"] = float(
+            np.mean([np.argmax(o) == t for o, t in zip(outs, data.topics, strict=True)])
+        )
     cos = [
         float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30)) for a, b in zip(outs, ref, strict=True)
     ]
     agree = [int(np.argmax(a) == np.argmax(b)) for a, b in zip(outs, ref, strict=True)]
-    return {"cosine": float(np.mean(cos)), "top-1 agree": float(np.mean(agree))}
+    return {**extra, "cosine": float(np.mean(cos)), "top-1 agree": float(np.mean(agree))}
 
 
 @dataclasses.dataclass
@@ -285,7 +300,7 @@ def _bench_model(
     zonnx.save_model(zonnx.optimize(src, opset=13, passes=list(PEER_PREP)), paths["peer_input"])
     paths["calib"] = save_feeds(data.calib, tmp / f"{case.zoo_name}-calib.npz")
     if case.metric != "rec":
-        data.float_outputs = _outputs(src, data.test)
+        data.float_outputs = _outputs(src, data.test, first_only=case.metric == "topic")
     rows = [_Row("float", _metrics(case, src, data), 0, None)]
     versions: dict[str, str] = {}
     for i, cfg in enumerate(CONFIGS):

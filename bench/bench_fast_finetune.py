@@ -1,12 +1,17 @@
-"""Fast finetune on ResNet-18 for the DPU: wall time and held-out output SQNR, AdaRound and AdaQuant.
+"""Fast finetune for the DPU, AdaRound and AdaQuant: held-out output SQNR on a trained model, wall time on
+ResNet-18.
 
-Model: the zoo ResNet-18 (random weights, 1x3x224x224), quantized for ``dpu-b4096`` (power-of-two
-per-tensor FixNeuron, MinMSE, refined for the target) with the keyword arguments of
-``zonnx.build_npu.target_quantize_kwargs``. The peer is the same quantization without fast finetune,
-measured in the same run: its held-out SQNR (logits against the float model, ``CALIB`` calibration images
-and ``HELD_OUT`` other images) is the figure fast finetune must beat (ratio >= 1). The time is fast
-finetune's own wall time (captures and tuning of all 21 layers, ``FastFinetuneResult.seconds``) against a
-5-minute target, with torch and ORT on one thread (``Threads`` 1).
+Accuracy: the zoo ``yolo_det`` (trained here; Conv-BN-SiLU backbone, decoupled box / score head),
+quantized for ``dpu-b4096`` (power-of-two per-tensor FixNeuron, MinMSE, refined for the target) with the
+keyword arguments of ``zonnx.build_npu.target_quantize_kwargs``. The peer is the same quantization
+without fast finetune, measured in the same run: its held-out SQNR (detections against the float
+model's, ``CALIB`` calibration images and ``HELD_OUT`` other images) is the figure fast finetune must
+beat (ratio >= 1).
+
+Speed: the issue's time target is on ResNet-18, so the wall time is fast finetune's own
+(``FastFinetuneResult.seconds``: captures and tuning of all 21 layers) on the zoo ``resnet18-random``
+(seeded random weights: used for its size only, no accuracy figure from it) against 5 minutes, with
+torch and ORT on one thread (``Threads`` 1).
 
 Run ``python -m bench.bench_fast_finetune [--quick]`` or ``python -m bench.runner fast_finetune``.
 """
@@ -32,6 +37,7 @@ from zonnx.quantization.calibration.readers import ListReader
 logger = logging.getLogger(__name__)
 
 TARGET = "dpu-b4096"
+ACCURACY_MODEL, SPEED_MODEL = "yolo_det", "resnet18-random"
 CALIB, HELD_OUT = 32, 16
 #: FastFinetune settings per algorithm (Vitis defaults otherwise); the quick run uses ``QUICK_ITERATIONS``.
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -56,21 +62,29 @@ def held_out_sqnr(model: onnx.ModelProto, float_outputs: list[np.ndarray], feeds
     return float(10 * np.log10(signal / noise))
 
 
-def bench_fast_finetune(ctx: BenchContext) -> list[Measurement]:
-    src = zoo.get("resnet18-random")
-    n_calib = QUICK_CALIB if ctx.quick else CALIB
-    ctx.describe(
-        ["resnet18-random"],
-        {"calibration": n_calib, "held out": HELD_OUT},
-        {"calibration": 0, "held out": 1000},
-        "SQNR against float on an untrained network, not accuracy",
-    )
-    calib = zoo.sample_inputs("resnet18-random", n_calib)
-    held_out = zoo.sample_inputs("resnet18-random", HELD_OUT, seed=1000)
+def _feeds(name: str, n_calib: int) -> tuple[list[dict], list[dict]]:
+    return zoo.sample_inputs(name, n_calib), zoo.sample_inputs(name, HELD_OUT, seed=1000)
+
+
+def _float_outputs(src: object, feeds: list[dict]) -> list[np.ndarray]:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    float_sess = ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
-    float_outputs = [float_sess.run(None, f)[0].astype(np.float64) for f in held_out]
+    sess = ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
+    return [sess.run(None, f)[0].astype(np.float64) for f in feeds]
+
+
+def bench_fast_finetune(ctx: BenchContext) -> list[Measurement]:
+    n_calib = QUICK_CALIB if ctx.quick else CALIB
+    ctx.describe(
+        [ACCURACY_MODEL, SPEED_MODEL],
+        {"calibration": n_calib, "held out": HELD_OUT},
+        {"calibration": 0, "held out": 1000},
+        f"SQNR on the trained {ACCURACY_MODEL}; {SPEED_MODEL} (random weights) for wall time only",
+    )
+    src, speed_src = zoo.get(ACCURACY_MODEL), zoo.get(SPEED_MODEL)
+    calib, held_out = _feeds(ACCURACY_MODEL, n_calib)
+    speed_calib, _ = _feeds(SPEED_MODEL, n_calib)
+    float_outputs = _float_outputs(src, held_out)
     kwargs = target_quantize_kwargs(TARGET)
     extra = dict(kwargs.pop("extra_options"))
     base = zonnx.quantize_static(src, None, ListReader(calib), **kwargs, extra_options=extra)
@@ -78,13 +92,8 @@ def bench_fast_finetune(ctx: BenchContext) -> list[Measurement]:
     out: list[Measurement] = []
     for algorithm, settings in SETTINGS.items():
         ft = dict(settings, NumIterations=QUICK_ITERATIONS) if ctx.quick else dict(settings)
-        result = zonnx.quantize_static(
-            src,
-            None,
-            ListReader(calib),
-            **kwargs,
-            extra_options={**extra, "IncludeFastFT": True, "FastFinetune": ft},
-        )
+        with_ft = {**extra, "IncludeFastFT": True, "FastFinetune": ft}
+        result = zonnx.quantize_static(src, None, ListReader(calib), **kwargs, extra_options=with_ft)
         outcome = result.recovery["fast_finetune"]
         after = held_out_sqnr(result.model, float_outputs, held_out)
         logger.info("%s", outcome.summary())
@@ -94,7 +103,7 @@ def bench_fast_finetune(ctx: BenchContext) -> list[Measurement]:
         )
         out.append(
             Measurement(
-                f"ResNet-18 {TARGET} {algorithm}: held-out SQNR",
+                f"{ACCURACY_MODEL} {TARGET} {algorithm}: held-out SQNR",
                 after,
                 "dB",
                 HIGHER,
@@ -104,14 +113,18 @@ def bench_fast_finetune(ctx: BenchContext) -> list[Measurement]:
                 note=note,
             )
         )
+        timed = zonnx.quantize_static(
+            speed_src, None, ListReader(speed_calib), **kwargs, extra_options=with_ft
+        )
+        speed = timed.recovery["fast_finetune"]
         out.append(
             Measurement(
-                f"ResNet-18 {TARGET} {algorithm}: fast finetune wall time",
-                outcome.seconds,
+                f"ResNet-18 (random weights) {TARGET} {algorithm}: fast finetune wall time ({speed.tuned} layers)",
+                speed.seconds,
                 "s",
                 LOWER,
                 target=SECONDS_TARGET,
-                note=f"{outcome.capture_seconds:.1f} s of it capturing layer data",
+                note=f"{speed.capture_seconds:.1f} s of it capturing layer data",
             )
         )
     return out

@@ -391,7 +391,8 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark(
             "recovery",
             "bench.bench_recovery:bench_recovery",
-            "MobileNetV2 dpu-b4096 power-of-two SQNR: plain MinMSE, ReLU6->ReLU, + CLE, + bias correction",
+            "trained digits CNN dpu-b4096 power-of-two: held-out top-1 and SQNR, plain MinMSE, + CLE, + bias correction, "
+            "+ AdaRound",
         ),
         Benchmark(
             "calibration",
@@ -408,7 +409,8 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark(
             "fast_finetune",
             "bench.bench_fast_finetune:bench_fast_finetune",
-            "ResNet-18 dpu-b4096 fast finetune (adaround, adaquant): wall time and held-out SQNR vs PTQ alone",
+            "dpu-b4096 fast finetune (adaround, adaquant): held-out SQNR vs PTQ alone on the trained yolo_det, wall "
+            "time on resnet18-random",
         ),
         Benchmark(
             "target_accuracy",
@@ -441,9 +443,16 @@ REGISTRY: dict[str, Benchmark] = {
             "simulated NPU against float, its NPU MAC share and the search time",
         ),
         Benchmark(
+            "bert_accuracy",
+            "bench.bench_bert_accuracy:bench_bert_accuracy",
+            "trained BERT classifier (zoo bert_encoder): topic accuracy and logits cosine vs float, generic int8 "
+            "(ORT, zonnx, A16W8, SmoothQuant) and per NPU target (recipe, + SmoothQuant, accuracy budget) on the "
+            "simulated NPU",
+        ),
+        Benchmark(
             "accuracy_peers",
             "bench.bench_accuracy_peers:bench_accuracy_peers",
-            "PP-OCRv4 rec char accuracy and transformer output cosine: zonnx vs NNCF (and AIMET-ONNX), each "
+            "PP-OCRv4 rec char accuracy and trained BERT topic accuracy / logits cosine: zonnx vs NNCF (and AIMET-ONNX), each "
             "peer in its own venv (bench/.peers-venv), same calibration and test data",
         ),
     ]

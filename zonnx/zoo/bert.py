@@ -13,7 +13,8 @@ about +-12 while the other channels stay near 1, so every LayerNorm output, and 
 channels about 10x (and up to 60x the median of) the rest. Training was tried and dropped: 80 steps
 (about 2 minutes on 2 idle cores) of masked-token or same-topic contrastive training on the synthetic
 text below left the contrastive loss at chance and collapsed the sentence embeddings to one vector,
-which is less realistic than a good init.
+which is less realistic than a good init. The trained zoo model ``bert_encoder`` (``zonnx.zoo.bert_trained``)
+is a smaller encoder of these classes trained on a supervised task (the topic) instead.
 """
 
 from __future__ import annotations

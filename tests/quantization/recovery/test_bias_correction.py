@@ -1,5 +1,6 @@
 """Bias correction: per-channel output error removed on QDQ, FixNeuron, VitisQDQ and dpu-b4096 models,
-target rules kept, options refused when it cannot run. (MobileNetV2 figures: bench/bench_recovery.py.)"""
+target rules kept, options refused when it cannot run. (Figures on the trained digits CNN:
+bench/bench_recovery.py.)"""
 
 from __future__ import annotations
 
