@@ -113,7 +113,7 @@ class PReluSlopePass(RefinePass):
             if template is not None and self.power_of_two:
                 attrs = [a for a in template.attributes.values() if a.name != "pos"]
                 new = ir.Node(ZONNX_DOMAIN, "FixNeuron", [slope], [*attrs, ir.AttrInt64("pos", pos)],
-                              name=_fresh(model.graph, base + "_FixNeuron"))  # fmt: skip
+                              overload=template.overload, name=_fresh(model.graph, base + "_FixNeuron"))  # fmt: skip
             else:
                 codes = np.clip(np.round(arr / np.float32(scale)), -127, 127).astype(np.int8)
                 inputs = [
@@ -201,7 +201,7 @@ def _copy_quantizer(graph: ir.Graph, quantizer: Quantizer, value: ir.Value, befo
     for node in chain:
         inputs = [current, *node.inputs[1:]]
         copy = ir.Node(node.domain, node.op_type, inputs, list(node.attributes.values()),
-                       name=_fresh(graph, f"{value.name}_{node.op_type}"))  # fmt: skip
+                       overload=node.overload, name=_fresh(graph, f"{value.name}_{node.op_type}"))  # fmt: skip
         copy.outputs[0].name = _fresh(graph, f"{value.name}_{node.op_type}_out")
         dtype = node.outputs[0].dtype
         if dtype is None:  # codes take the zero point's type (QuantizeLinear's default uint8); else float
