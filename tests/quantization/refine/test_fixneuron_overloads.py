@@ -1,7 +1,6 @@
 """FixNeuron nodes the target refinement adds or copies keep their rounding overload, so every one of them
 names a function the model carries and ORT loads the model (PP-OCR's direction classifier with fixed
-input dims on the DPU:
-its average pool's NPU factor made a copied quantizer that lost the overload)."""
+input dims on the DPU: its average pool's NPU factor made a copied quantizer that lost the overload)."""
 
 from __future__ import annotations
 
