@@ -27,6 +27,7 @@ import onnx
 
 from zonnx.backend.targets import Target
 from zonnx.custom_ops import grid
+from zonnx.errors import OptionError
 
 from .program import TensorInfo
 from .requant import pof2_exponent, quantize_multiplier
@@ -150,11 +151,17 @@ def multipliers(
             return (np.left_shift(1, ks + s)).astype(np.int64), np.array([s], np.int64)
         return np.left_shift(1, np.maximum(ks, 0)).astype(np.int64), np.maximum(-ks, 0).astype(np.int64)
     rng = tuple(rq.shift) if rq.shift is not None else None
-    if common_shift:
-        _, s = quantize_multiplier(float(r.max()), rq.multiplier_bits, rng)
-        m = np.array([round(v * 2.0**s) for v in r], dtype=np.int64)
-        return m, np.array([s], np.int64)
-    pairs = [quantize_multiplier(float(v), rq.multiplier_bits, rng) for v in r]
+    try:
+        if common_shift:
+            _, s = quantize_multiplier(float(r.max()), rq.multiplier_bits, rng)
+            m = np.array([round(v * 2.0**s) for v in r], dtype=np.int64)
+            return m, np.array([s], np.int64)
+        pairs = [quantize_multiplier(float(v), rq.multiplier_bits, rng) for v in r]
+    except OptionError as e:  # the ratio's words, with the node that needs it and what to change
+        raise CompileError(
+            f"node {where!r} on {target.name}: {e} Its input and output scales are too far apart for the "
+            "target's multiplier: quantize it with other ranges, or keep this node off the NPU."
+        ) from None
     if not eltwise and not rq.per_channel and len(set(pairs)) > 1:
         raise CompileError(
             f"node {where!r}: target {target.name} has no per-channel multipliers; quantize weights per tensor."

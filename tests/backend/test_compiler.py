@@ -204,3 +204,16 @@ def test_resnet18_one_image(resnet: dict, fmt: str, target: str) -> None:
     else:
         assert worst <= 1 and diff.max() <= 3
         assert got[outs[0]].argmax() == codes[outs[0]].argmax()
+
+
+def test_a_ratio_too_large_for_the_multiplier_names_the_node() -> None:
+    """Zhouyi's 15-bit multiplier at shift >= 0 cannot hold a requantization ratio of 80312: the compile
+    error names the node, the target and what to change (it was the bare ratio before)."""
+    from zonnx.backend.compiler.params import multipliers
+    from zonnx.backend.targets import load_target
+
+    with pytest.raises(CompileError) as err:
+        multipliers(np.array([80312.0]), load_target("zhouyi-x2"), "/blocks/Conv_3")
+    text = str(err.value)
+    assert text.startswith("node '/blocks/Conv_3' on zhouyi-x2: scale 80312.0 is too large for a 15-bit")
+    assert "keep this node off the NPU" in text and "\n" not in text
