@@ -13,6 +13,9 @@ op of ``s`` (Identity, Flatten, Reshape, Squeeze, Unsqueeze, Transpose) and ``s`
 its statistics follow from ``s``'s: the same values, or ``max(v, 0)`` of them (extrema exactly; the
 histogram is an exact fold because 0 is always a bin edge). Moments of a Relu output do not follow,
 so with moments a Relu output is measured.
+
+A tensor that only Softmax nodes read is measured on ``max(t, rowmax(t) - 20)``, the values that can
+change the Softmax (``softmax_floor``: the attention-mask trap).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 from zonnx.errors import did_you_mean
 from zonnx.ir.io import default_opset
 from zonnx.quantization.calibration.readers import CalibrationError
+from zonnx.quantization.calibration.softmax_floor import floor_nodes, softmax_axes
 
 logger = logging.getLogger(__name__)
 
@@ -215,12 +219,19 @@ def build(
     cols: dict[str, list[str]] = {k: [] for k in ("sizes", "mins", "maxs", "sums", "sumsqs")}
     samples: list[str] = []
     nodes = []
+    floors = softmax_axes(g0, measured, opset)
     for k, t in enumerate(measured):
         q = f"{p}{k}_"
         flat = q + "flat"
+        values = q + "f"
+        nodes.append(helper.make_node("Cast", [t], [values], to=TensorProto.FLOAT))
+        if t in floors:  # only the values that can change the Softmax (softmax_floor)
+            more, inits = floor_nodes(values, floors[t], q + "floored", q, opset)
+            nodes += more
+            g.initializer.extend(inits)
+            values = q + "floored"
         nodes += [
-            helper.make_node("Cast", [t], [q + "f"], to=TensorProto.FLOAT),
-            helper.make_node("Reshape", [q + "f", p + "flat"], [flat]),
+            helper.make_node("Reshape", [values, p + "flat"], [flat]),
             helper.make_node("Shape", [flat], [q + "n"]),
             helper.make_node("ReduceMin", [flat], [q + "lo"], keepdims=1),
             helper.make_node("ReduceMax", [flat], [q + "hi"], keepdims=1),
