@@ -6,6 +6,7 @@ __all__ = ["DeadCodeEliminationPass"]
 
 import hashlib
 import logging
+from collections import Counter
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedFunctionsPass, RemoveUnusedOpsetsPass
@@ -79,9 +80,16 @@ def _dedupe_initializers(graph: ir.Graph) -> int:
     """Point users of an initializer at an earlier one with the same dtype, shape and bytes; drop it."""
     seen: dict[tuple, ir.Value] = {}
     count = 0
-    for value in list(graph.initializers.values()):
+    candidates = [
+        v
+        for v in graph.initializers.values()
+        if v.const_value is not None and not v.is_graph_input() and not v.is_graph_output()
+    ]
+    # only tensors sharing dtype and shape with another can be duplicates: the others are never read
+    kinds = Counter((v.const_value.dtype, tuple(v.const_value.shape)) for v in candidates)
+    for value in candidates:
         tensor = value.const_value
-        if tensor is None or value.is_graph_input() or value.is_graph_output():
+        if kinds[(tensor.dtype, tuple(tensor.shape))] < 2:
             continue
         data = _tensor_bytes(tensor)
         key = (tensor.dtype, tuple(tensor.shape), hashlib.sha256(data).digest())
