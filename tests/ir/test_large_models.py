@@ -165,3 +165,32 @@ def test_truncated_external_data_is_one_line(tmp_path: Path) -> None:
     proc = run_cli("optimize", str(src), str(tmp_path / "o.onnx"))
     assert_one_line_error(proc, "m.onnx.data is truncated", "'w0'")
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_load_whole_or_mapped_reads_the_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the limit the single read gives the model ``to_ir(path)`` gives (weights inline, equal);
+    past it the weights stay mapped; a truncated data file still fails with the reader's message."""
+    import onnx_ir as ir
+
+    from zonnx.ir.io import to_ir
+    from zonnx.ir.large import load_whole_or_mapped
+
+    src = chain(tmp_path / "m.onnx")
+    model, mapped = load_whole_or_mapped(src)
+    assert not mapped and model is not None
+    want = to_ir(src)
+    assert [n.op_type for n in model.graph] == [n.op_type for n in want.graph]
+    for name, value in want.graph.initializers.items():
+        got = model.graph.initializers[name].const_value
+        assert not isinstance(got, ir.ExternalTensor)
+        np.testing.assert_array_equal(got.numpy(), value.const_value.numpy())
+    monkeypatch.setenv("ZONNX_PROTO_LIMIT", "100000")
+    model, mapped = load_whole_or_mapped(src)
+    assert mapped and all(
+        isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
+    )
+    monkeypatch.delenv("ZONNX_PROTO_LIMIT")
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(data.read_bytes()[:1000])
+    with pytest.raises(zonnx.errors.ModelLoadError, match="m.onnx"):
+        load_whole_or_mapped(src)

@@ -8,6 +8,7 @@ __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
     "ModelLike",
     "load_proto",
+    "load_external",
     "load_model",
     "to_ir",
     "to_proto",
@@ -139,14 +140,21 @@ def load_proto(path: str | os.PathLike[str], *, load_external_data: bool = True)
         ) from None
     check_structure(model, str(p))
     if load_external_data:  # without it (inspect) missing files are the caller's note, not an error
-        check_external_files(model, p.parent, str(p))
-        check_external_sizes(model, p)
-        try:
-            onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
-        except (OSError, ValueError, onnx.checker.ValidationError) as e:
-            raise ModelLoadError(f"{p}: its external data cannot be read ({e}).") from None
-        check_tensors(model, str(p))  # external data now inline: it must fill its shapes too
+        load_external(model, p)
     return model
+
+
+def load_external(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
+    """Read the external data of ``model`` (loaded from ``path`` without it) into the proto, checked: the
+    second half of ``load_proto``, for a caller that looked at the skeleton first."""
+    p = Path(path)
+    check_external_files(model, p.parent, str(p))
+    check_external_sizes(model, p)
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+    except (OSError, ValueError, onnx.checker.ValidationError) as e:
+        raise ModelLoadError(f"{p}: its external data cannot be read ({e}).") from None
+    check_tensors(model, str(p))  # external data now inline: it must fill its shapes too
 
 
 def to_ir(model: ModelLike) -> ir.Model:

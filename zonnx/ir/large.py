@@ -21,6 +21,7 @@ __all__ = [
     "is_large",
     "copy_model",
     "load_mapped",
+    "load_whole_or_mapped",
     "materialize",
     "release_mapped",
     "rooted",
@@ -48,9 +49,11 @@ from zonnx.ir.io import (
     check_external_files,
     check_external_sizes,
     external_data_locations,
+    load_external,
     load_proto,
     proto_limit,
     tensor_bytes,
+    to_ir,
 )
 
 logger = logging.getLogger(__name__)
@@ -86,12 +89,22 @@ def load_mapped(path: str | os.PathLike[str]) -> ir.Model | None:
     """The model at ``path`` with its external tensors left in their files (memory-mapped when read) when
     their bytes exceed ``proto_limit()``; None for a model to load whole (inline, or under the limit).
     A missing or truncated data file is a ModelLoadError naming it and the tensor."""
+    model, mapped = load_whole_or_mapped(path, whole=False)
+    return model if mapped else None
+
+
+def load_whole_or_mapped(path: str | os.PathLike[str], *, whole: bool = True) -> tuple[ir.Model | None, bool]:
+    """(model, mapped): as ``load_mapped`` past ``proto_limit()`` (mapped True); otherwise the whole model
+    as ``to_ir(path)`` gives it, from the same single read of the file (None when ``whole`` is False)."""
     p = Path(path)
     skeleton = load_proto(p, load_external_data=False)
     external = _external(skeleton)
     total = sum(int(onnx.external_data_helper.ExternalDataInfo(t).length or 0) for t in external)
     if not external or total <= proto_limit():
-        return None
+        if not whole:
+            return None, False
+        load_external(skeleton, p)
+        return to_ir(skeleton), False
     check_external_files(skeleton, p.parent, str(p))
     check_external_sizes(skeleton, p)
     folder = p.resolve().parent
@@ -105,7 +118,7 @@ def load_mapped(path: str | os.PathLike[str]) -> ir.Model | None:
         raise ModelLoadError(f"{p}: its graph is malformed ({e}).") from None
     ir.external_data.set_base_dir(model.graph, EXTERNAL_ROOT)
     logger.info("%s: %.2f GB of external data stays in its files (memory-mapped)", p, total / 1e9)
-    return model
+    return model, True
 
 
 def external_tensors(model: ir.Model) -> list[ir.ExternalTensor]:

@@ -18,7 +18,14 @@ import onnx_ir as ir
 
 from zonnx.errors import ModelSaveError, OptionError, did_you_mean
 from zonnx.ir.io import default_opset, load_proto, save_model, to_ir, to_proto
-from zonnx.ir.large import copy_model, external_tensors, load_mapped, materialize, release_mapped, rooted
+from zonnx.ir.large import (
+    copy_model,
+    external_tensors,
+    load_whole_or_mapped,
+    materialize,
+    release_mapped,
+    rooted,
+)
 from zonnx.quantization.annotate import annotate
 from zonnx.quantization.annotate_config import annotate_config
 from zonnx.quantization.config import QuantConfig, check_float8, resolve_format, resolve_method, resolve_type
@@ -302,11 +309,19 @@ def quantize_static(
 
     recovery.check_recovery_options(cfg, calibration_data_reader is not None)
     # past proto_limit() a file's external weights stay mapped from it, read one tensor at a time
-    mapped = load_mapped(model_input) if isinstance(model_input, str | os.PathLike) else None
-    model = mapped or to_ir(
-        copy_model(model_input)  # CopyFrom: works past 2 GiB
-        if isinstance(model_input, onnx.ModelProto)
-        else model_input
+    # a file is read once: whole, or mapped past the limit
+    loaded, is_mapped = (
+        load_whole_or_mapped(model_input) if isinstance(model_input, str | os.PathLike) else (None, False)
+    )
+    mapped = loaded if is_mapped else None
+    model = (
+        loaded
+        if loaded is not None
+        else to_ir(
+            copy_model(model_input)  # CopyFrom: works past 2 GiB
+            if isinstance(model_input, onnx.ModelProto)
+            else model_input
+        )
     )
     from zonnx.quantization.prequant import flow as prequant
 

@@ -170,18 +170,19 @@ class MetricSums:
 
     def update(self, x: np.ndarray, q: np.ndarray) -> None:
         xs, qs = np.asarray(x).ravel(), np.asarray(q).ravel()
-        x64, q64 = xs.astype(np.float64), qs.astype(np.float64)
+        # no copy when already float64 (dequantized codes); x64/q64 are only read below
+        x64, q64 = np.asarray(xs, dtype=np.float64), np.asarray(qs, dtype=np.float64)
         if not (np.isfinite(xs).all() and np.isfinite(qs).all()):  # checked on the input type: cheaper
             bad = ~(np.isfinite(x64) & np.isfinite(q64))
             self.nonfinite += int(bad.sum())
             x64, q64 = np.where(bad, 0.0, x64), np.where(bad, 0.0, q64)
-        e = x64 - q64
-        abs_e = np.abs(e)
+        e = np.subtract(x64, q64)
         self.n += x64.size
         self.xx += _dot(x64, x64)
         self.qq += _dot(q64, q64)
         self.xq += _dot(x64, q64)
         self.ee += _dot(e, e)
+        abs_e = np.abs(e, out=e)  # e is not needed any more: |e| in place, one buffer less
         self.abs_e += float(abs_e.sum())
         self.max_e = max(self.max_e, float(abs_e.max()) if abs_e.size else 0.0)
 

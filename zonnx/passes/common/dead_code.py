@@ -6,6 +6,7 @@ __all__ = ["DeadCodeEliminationPass"]
 
 import hashlib
 import logging
+from collections import Counter
 
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedFunctionsPass, RemoveUnusedOpsetsPass
@@ -75,13 +76,37 @@ def _tensor_bytes(tensor: ir.TensorProtocol) -> bytes:
     return b"".join(len(s).to_bytes(8, "little") + s for s in strings)
 
 
+def _sketch(tensor: ir.TensorProtocol) -> bytes:
+    """256 evenly spaced bytes of the tensor: equal tensors have equal sketches."""
+    data = _tensor_bytes(tensor)
+    return data[:: max(1, len(data) // 256)]
+
+
 def _dedupe_initializers(graph: ir.Graph) -> int:
     """Point users of an initializer at an earlier one with the same dtype, shape and bytes; drop it."""
     seen: dict[tuple, ir.Value] = {}
     count = 0
-    for value in list(graph.initializers.values()):
+    candidates = [
+        v
+        for v in graph.initializers.values()
+        if v.const_value is not None and not v.is_graph_input() and not v.is_graph_output()
+    ]
+    # only tensors sharing dtype, shape and a sketch (256 evenly spaced bytes) with another can be
+    # duplicates: the others are never hashed
+    kinds = Counter((v.const_value.dtype, tuple(v.const_value.shape)) for v in candidates)
+    sketches = {
+        id(v): _sketch(v.const_value)
+        for v in candidates
+        if kinds[(v.const_value.dtype, tuple(v.const_value.shape))] > 1
+    }
+    alike = Counter(
+        (v.const_value.dtype, tuple(v.const_value.shape), sketches[id(v)])
+        for v in candidates
+        if id(v) in sketches
+    )
+    for value in candidates:
         tensor = value.const_value
-        if tensor is None or value.is_graph_input() or value.is_graph_output():
+        if id(value) not in sketches or alike[(tensor.dtype, tuple(tensor.shape), sketches[id(value)])] < 2:
             continue
         data = _tensor_bytes(tensor)
         key = (tensor.dtype, tuple(tensor.shape), hashlib.sha256(data).digest())
