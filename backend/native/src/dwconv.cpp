@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -186,6 +187,9 @@ struct DwVnni {
   std::vector<int32_t> zw, m32;
   std::vector<int64_t> m, k, s, a, b, ke, ko, se, so, ae, ao, be, bo;
   std::vector<uint8_t> zrow;  // zp bytes: the taps outside the input read it
+  std::vector<int64_t> xm;    // per lane: max |acc - zw| = zp-centred input range x sum |w|
+  F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
+  int vkind = kPlain;         // the rounding kind of dw_vnni_pixel: kind, or kF64Floor / kF64Even
 
   DwVnni(const DwCore& core, const std::vector<int64_t>& mult, const std::vector<int64_t>& cnst,
          const std::vector<int64_t>& shift, const std::vector<int64_t>& addend, const std::vector<int64_t>& bmask,
@@ -198,19 +202,22 @@ struct DwVnni {
     wq.assign(static_cast<size_t>(blocks * quads * 256), 0);
     for (auto* v : {&m, &k, &s, &a, &b}) v->assign(padded, 0);
     zw.assign(padded, 0);
+    xm.assign(padded, 0);
     for (int64_t bl = 0; bl < blocks; ++bl)
       for (int64_t q = 0; q < 4; ++q)
         for (int64_t l = 0; l < 16; ++l) {
           const int64_t ch = 64 * bl + lane_channel(q, l);
           const size_t at = static_cast<size_t>(64 * bl + 16 * q + l);
           if (ch >= c) continue;
-          int64_t sw = 0;
+          int64_t sw = 0, mag = 0;
           for (int64_t t = 0; t < taps; ++t) {
             const int32_t wv = core.w[static_cast<size_t>(t * c + ch)];
             sw += wv;
+            mag += std::abs(wv);
             wq[static_cast<size_t>(((bl * quads + t / 4) * 64 + 16 * q + l) * 4 + t % 4)] = static_cast<int8_t>(wv);
           }
           zw[at] = static_cast<int32_t>(core.zp * sw);
+          xm[at] = mag * std::max<int64_t>(core.zp, 255 - core.zp);
           m[at] = mult[static_cast<size_t>(ch)];
           k[at] = cnst[static_cast<size_t>(ch)];
           s[at] = shift[static_cast<size_t>(ch)];
@@ -231,13 +238,17 @@ struct DwVnni {
       for (size_t j = 0; j < padded; ++j) (j % 2 ? odd[t] : even[t])->at(j / 16 * 8 + j % 16 / 2) = (*src[t])[j];
     }
     zrow.assign(padded, static_cast<uint8_t>(core.zp));
+    vkind = kind;
+    if (!m32.empty() && f64.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xm.data(), kind))
+      vkind = kind == kPlain ? kF64Floor : kF64Even;
   }
 
   RqArgs args(int64_t bl, int64_t zs, int64_t lo, int64_t hi) const {
     const size_t o = static_cast<size_t>(64 * bl), h = o / 2;
     return RqArgs{zw.data() + o, m.data() + o, k.data() + o, s.data() + o, a.data() + o, b.data() + o,
                   zs, lo, hi, 64, m32.empty() ? nullptr : m32.data() + o, ke.data() + h, ko.data() + h,
-                  se.data() + h, so.data() + h, ae.data() + h, ao.data() + h, be.data() + h, bo.data() + h};
+                  se.data() + h, so.data() + h, ae.data() + h, ao.data() + h, be.data() + h, bo.data() + h,
+                  f64.fm.empty() ? nullptr : f64.fm.data() + o, f64.fc.empty() ? nullptr : f64.fc.data() + o};
   }
 };
 
@@ -280,6 +291,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_pix
 
 using DwPixelFn = void (*)(const DwVnni&, const uint8_t* const*, int64_t, uint8_t*, int64_t, int64_t, int64_t);
 DwPixelFn dw_vnni_for(int kind, bool m32) {
+  if (kind == kF64Floor) return dw_vnni_pixel<kF64Floor, true>;
+  if (kind == kF64Even) return dw_vnni_pixel<kF64Even, true>;
   if (kind == kParity) return m32 ? dw_vnni_pixel<kParity, true> : dw_vnni_pixel<kParity, false>;
   if (kind == kSign) return m32 ? dw_vnni_pixel<kSign, true> : dw_vnni_pixel<kSign, false>;
   return m32 ? dw_vnni_pixel<kPlain, true> : dw_vnni_pixel<kPlain, false>;
@@ -318,7 +331,7 @@ struct QDwConvKernel {
     }
     if (qconv_isa() == 2) {
       vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind);
-      pixel = dw_vnni_for(kind, !vnni->m32.empty());
+      pixel = dw_vnni_for(vnni->vkind, !vnni->m32.empty());
     }
   }
 
