@@ -404,8 +404,15 @@ def test_qconv_matches_numpy(
 @pytest.mark.parametrize("isa", ["host", "baseline"])
 @pytest.mark.parametrize(
     ("c", "kernel", "stride", "pad", "dil"),
-    # 96, 144: partial blocks; 32: two pixels per block (stride 1: one run; stride 2 / dilation 2: split)
-    [(32, 3, 1, 1, 1), (96, 3, 2, 1, 1), (7, 3, 1, 2, 2), (144, 5, 1, 2, 1), (32, 3, 2, 1, 1), (32, 3, 1, 2, 2)],
+    # 96, 144: partial blocks; 32: two pixels per block (stride 1, any dilation: one 64-byte load; stride 2: halves)
+    [
+        (32, 3, 1, 1, 1),
+        (96, 3, 2, 1, 1),
+        (7, 3, 1, 2, 2),
+        (144, 5, 1, 2, 1),
+        (32, 3, 2, 1, 1),
+        (32, 3, 1, 2, 2),
+    ],
 )
 @pytest.mark.parametrize("big", [False, True])
 def test_qdwconv_matches_numpy(
