@@ -350,6 +350,7 @@ def _expected_isa(forced: str) -> set[str]:
         (4, 130, [3, 2], [2, 1], [0, 2, 1, 0], [2, 1]),  # asymmetric pads, dilation, three panels
     ],
 )
+@pytest.mark.parametrize("big", [False, True])
 def test_qconv_matches_numpy(
     c: int,
     o: int,
@@ -358,10 +359,12 @@ def test_qconv_matches_numpy(
     pads: list,
     dil: list,
     isa: str,
+    big: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """QConv (im2col tile + int8 GEMM + requantization in one kernel) == the numpy formula on every output,
-    for each rounding mode, on the host's GEMM path and on the forced AVX-VNNI and portable ones."""
+    for each rounding mode, on the host's GEMM path and on the forced AVX-VNNI and portable ones; ``big``:
+    one channel's constant M b above 2^52 (the float64 requantization form is then refused, the int64 one runs)."""
     if isa == "host":
         monkeypatch.delenv(native.ISA_ENV, raising=False)
     else:
@@ -372,6 +375,9 @@ def test_qconv_matches_numpy(
     pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-5, 3e-3, o)]
     m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
     bias = rng.integers(-50000, 50000, size=o)
+    if big:
+        bias[0] = 2**23
+        m[0], s[0] = 2**30, 62
     for mode in ROUND_MODES:
         want = requantize(acc + bias, m, s, mode, zero_point=3, lo=0, hi=255)
         term = Term("", m.astype(object), float(w.shape[0] * 255 * 128))
@@ -398,13 +404,23 @@ def test_qconv_matches_numpy(
 @pytest.mark.parametrize("isa", ["host", "baseline"])
 @pytest.mark.parametrize(
     ("c", "kernel", "stride", "pad", "dil"),
-    [(32, 3, 1, 1, 1), (96, 3, 2, 1, 1), (7, 3, 1, 2, 2), (144, 5, 1, 2, 1)],  # 96, 144: partial blocks
+    # 96, 144: partial blocks; 32: two pixels per block (stride 1, any dilation: one 64-byte load; stride 2: halves)
+    [
+        (32, 3, 1, 1, 1),
+        (96, 3, 2, 1, 1),
+        (7, 3, 1, 2, 2),
+        (144, 5, 1, 2, 1),
+        (32, 3, 2, 1, 1),
+        (32, 3, 1, 2, 2),
+    ],
 )
+@pytest.mark.parametrize("big", [False, True])
 def test_qdwconv_matches_numpy(
-    c: int, kernel: int, stride: int, pad: int, dil: int, isa: str, monkeypatch: pytest.MonkeyPatch
+    c: int, kernel: int, stride: int, pad: int, dil: int, isa: str, big: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """QDwConv (depthwise sums and their requantization in one kernel) == the numpy formula on every output,
-    for each rounding mode and a ReLU6-like clamp, on the host's path (AVX-512 VNNI here) and the portable one."""
+    for each rounding mode and a ReLU6-like clamp, on the host's path (AVX-512 VNNI here) and the portable one;
+    ``big``: one channel's constant above 2^52 (the int64 requantization form instead of the float64 one)."""
     if isa == "host":
         monkeypatch.delenv(native.ISA_ENV, raising=False)
     else:
@@ -430,6 +446,9 @@ def test_qdwconv_matches_numpy(
     pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-4, 3e-2, c)]
     m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
     bias = rng.integers(-50000, 50000, size=c)
+    if big:
+        bias[0] = 2**23
+        m[0], s[0] = 2**30, 62
     for mode, hi in zip(ROUND_MODES, [255, 200] * 4, strict=False):
         want = requantize(acc + bias, m, s, mode, zero_point=3, lo=3, hi=hi)
         term = Term("", m.astype(object), float(kernel * kernel * 255 * 128))

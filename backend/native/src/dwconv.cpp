@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -182,15 +183,20 @@ inline int64_t lane_channel(int64_t q, int64_t l) { return 16 * (l / 4) + 4 * q 
 // order (RqArgs layout, padded to whole 64-channel blocks).
 struct DwVnni {
   int64_t taps = 0, quads = 0, blocks = 0;
+  bool pair = false;  // 32 channels: lanes 32-63 repeat lanes 0-31, so a block holds two adjacent pixels
   std::vector<int8_t> wq;  // [block][quad][quarter q][lane l][4 taps]
   std::vector<int32_t> zw, m32;
   std::vector<int64_t> m, k, s, a, b, ke, ko, se, so, ae, ao, be, bo;
   std::vector<uint8_t> zrow;  // zp bytes: the taps outside the input read it
+  std::vector<int64_t> xm;    // per lane: max |acc - zw| = zp-centred input range x sum |w|
+  F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
+  int vkind = kPlain;         // the rounding kind of dw_vnni_pixel: kind, or kF64Floor / kF64Even
 
   DwVnni(const DwCore& core, const std::vector<int64_t>& mult, const std::vector<int64_t>& cnst,
          const std::vector<int64_t>& shift, const std::vector<int64_t>& addend, const std::vector<int64_t>& bmask,
          int kind) {
     const int64_t c = core.channels;
+    pair = c == 32;
     taps = core.kh * core.kw;
     quads = (taps + 3) / 4;
     blocks = (c + 63) / 64;
@@ -198,19 +204,22 @@ struct DwVnni {
     wq.assign(static_cast<size_t>(blocks * quads * 256), 0);
     for (auto* v : {&m, &k, &s, &a, &b}) v->assign(padded, 0);
     zw.assign(padded, 0);
+    xm.assign(padded, 0);
     for (int64_t bl = 0; bl < blocks; ++bl)
       for (int64_t q = 0; q < 4; ++q)
         for (int64_t l = 0; l < 16; ++l) {
-          const int64_t ch = 64 * bl + lane_channel(q, l);
+          const int64_t lane = 64 * bl + lane_channel(q, l), ch = pair ? lane % c : lane;
           const size_t at = static_cast<size_t>(64 * bl + 16 * q + l);
           if (ch >= c) continue;
-          int64_t sw = 0;
+          int64_t sw = 0, mag = 0;
           for (int64_t t = 0; t < taps; ++t) {
             const int32_t wv = core.w[static_cast<size_t>(t * c + ch)];
             sw += wv;
+            mag += std::abs(wv);
             wq[static_cast<size_t>(((bl * quads + t / 4) * 64 + 16 * q + l) * 4 + t % 4)] = static_cast<int8_t>(wv);
           }
           zw[at] = static_cast<int32_t>(core.zp * sw);
+          xm[at] = mag * std::max<int64_t>(core.zp, 255 - core.zp);
           m[at] = mult[static_cast<size_t>(ch)];
           k[at] = cnst[static_cast<size_t>(ch)];
           s[at] = shift[static_cast<size_t>(ch)];
@@ -231,30 +240,53 @@ struct DwVnni {
       for (size_t j = 0; j < padded; ++j) (j % 2 ? odd[t] : even[t])->at(j / 16 * 8 + j % 16 / 2) = (*src[t])[j];
     }
     zrow.assign(padded, static_cast<uint8_t>(core.zp));
+    vkind = kind;
+    if (!m32.empty() && f64.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xm.data(), kind))
+      vkind = kind == kPlain ? kF64Floor : kF64Even;
   }
 
   RqArgs args(int64_t bl, int64_t zs, int64_t lo, int64_t hi) const {
     const size_t o = static_cast<size_t>(64 * bl), h = o / 2;
     return RqArgs{zw.data() + o, m.data() + o, k.data() + o, s.data() + o, a.data() + o, b.data() + o,
                   zs, lo, hi, 64, m32.empty() ? nullptr : m32.data() + o, ke.data() + h, ko.data() + h,
-                  se.data() + h, so.data() + h, ae.data() + h, ao.data() + h, be.data() + h, bo.data() + h};
+                  se.data() + h, so.data() + h, ae.data() + h, ao.data() + h, be.data() + h, bo.data() + h,
+                  f64.fm.empty() ? nullptr : f64.fm.data() + o, f64.fc.empty() ? nullptr : f64.fc.data() + o};
   }
 };
 
-// One output position, all channels: ptr[t] is tap t's input pixel (or the zp row), y the output pixel.
-template <int KIND, bool M32>
+// How dw_vnni_pixel reads tap t of a 64-lane block: kOne, one pixel (c0 + the masked lanes); for a pair
+// block (DwVnni::pair, 32 channels) the pixel at ptr[t] in lanes 0-31 and the next output pixel's tap in
+// lanes 32-63: kPairRun, it follows in memory (stride 1; the zp row is 64 bytes of zp), kPairSplit, it is
+// at ptr[t] + adv[t] (adv = 0 for the zp row).
+enum DwLoad { kOne, kPairRun, kPairSplit };
+
+template <int LOAD>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i dw_tap(
+    const uint8_t* const* ptr, const int64_t* adv, int64_t t, int64_t c0, __mmask64 mask) {
+  if constexpr (LOAD == kOne) return _mm512_maskz_loadu_epi8(mask, ptr[t] + c0);
+  if constexpr (LOAD == kPairRun) return _mm512_loadu_si512(ptr[t]);
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr[t]));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ptr[t] + adv[t]));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// One output position, all channels (LOAD = kOne), or two adjacent ones of a pair block (DwLoad): ptr[t]
+// is tap t's input pixel (or the zp row), y the output pixel.
+template <int KIND, bool M32, int LOAD = kOne>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_pixel(
-    const DwVnni& v, const uint8_t* const* ptr, int64_t c, uint8_t* y, int64_t zs, int64_t lo, int64_t hi) {
+    const DwVnni& v, const uint8_t* const* ptr, const int64_t* adv, int64_t c, uint8_t* y, int64_t zs, int64_t lo,
+    int64_t hi) {
+  if constexpr (LOAD != kOne) c = 64;  // two pixels of 32 channels: one full block
   for (int64_t bl = 0; bl < v.blocks; ++bl) {
     const int64_t c0 = 64 * bl, left = c - c0;
     const __mmask64 mask = left >= 64 ? ~__mmask64(0) : ((__mmask64(1) << left) - 1);
     __m512i q0 = _mm512_setzero_si512(), q1 = q0, q2 = q0, q3 = q0;
     const int8_t* wb = v.wq.data() + bl * v.quads * 256;
     for (int64_t g = 0; g < v.quads; ++g, wb += 256) {
-      const __m512i x0 = _mm512_maskz_loadu_epi8(mask, ptr[4 * g] + c0);
-      const __m512i x1 = _mm512_maskz_loadu_epi8(mask, ptr[4 * g + 1] + c0);
-      const __m512i x2 = _mm512_maskz_loadu_epi8(mask, ptr[4 * g + 2] + c0);
-      const __m512i x3 = _mm512_maskz_loadu_epi8(mask, ptr[4 * g + 3] + c0);
+      const __m512i x0 = dw_tap<LOAD>(ptr, adv, 4 * g, c0, mask);
+      const __m512i x1 = dw_tap<LOAD>(ptr, adv, 4 * g + 1, c0, mask);
+      const __m512i x2 = dw_tap<LOAD>(ptr, adv, 4 * g + 2, c0, mask);
+      const __m512i x3 = dw_tap<LOAD>(ptr, adv, 4 * g + 3, c0, mask);
       const __m512i ab0 = _mm512_unpacklo_epi8(x0, x1), ab1 = _mm512_unpackhi_epi8(x0, x1);
       const __m512i cd0 = _mm512_unpacklo_epi8(x2, x3), cd1 = _mm512_unpackhi_epi8(x2, x3);
       q0 = _mm512_dpbusd_epi32(q0, _mm512_unpacklo_epi16(ab0, cd0), _mm512_loadu_si512(wb));
@@ -278,11 +310,20 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_pix
   }
 }
 
-using DwPixelFn = void (*)(const DwVnni&, const uint8_t* const*, int64_t, uint8_t*, int64_t, int64_t, int64_t);
-DwPixelFn dw_vnni_for(int kind, bool m32) {
-  if (kind == kParity) return m32 ? dw_vnni_pixel<kParity, true> : dw_vnni_pixel<kParity, false>;
-  if (kind == kSign) return m32 ? dw_vnni_pixel<kSign, true> : dw_vnni_pixel<kSign, false>;
-  return m32 ? dw_vnni_pixel<kPlain, true> : dw_vnni_pixel<kPlain, false>;
+using DwPixelFn = void (*)(const DwVnni&, const uint8_t* const*, const int64_t*, int64_t, uint8_t*, int64_t,
+                          int64_t, int64_t);
+template <int LOAD>
+DwPixelFn dw_vnni_load(int kind, bool m32) {
+  if (kind == kF64Floor) return dw_vnni_pixel<kF64Floor, true, LOAD>;
+  if (kind == kF64Even) return dw_vnni_pixel<kF64Even, true, LOAD>;
+  if (kind == kParity) return m32 ? dw_vnni_pixel<kParity, true, LOAD> : dw_vnni_pixel<kParity, false, LOAD>;
+  if (kind == kSign) return m32 ? dw_vnni_pixel<kSign, true, LOAD> : dw_vnni_pixel<kSign, false, LOAD>;
+  return m32 ? dw_vnni_pixel<kPlain, true, LOAD> : dw_vnni_pixel<kPlain, false, LOAD>;
+}
+DwPixelFn dw_vnni_for(int kind, bool m32, int load) {
+  if (load == kPairRun) return dw_vnni_load<kPairRun>(kind, m32);
+  if (load == kPairSplit) return dw_vnni_load<kPairSplit>(kind, m32);
+  return dw_vnni_load<kOne>(kind, m32);
 }
 
 struct QDwConvKernel {
@@ -292,6 +333,7 @@ struct QDwConvKernel {
   std::vector<int64_t> mult, cnst, shift, addend, bmask;  // per channel, repeated to core.tile
   std::unique_ptr<DwVnni> vnni;                            // the AVX-512 VNNI form (qconv_isa() == 2)
   DwPixelFn pixel = nullptr;
+  DwPixelFn pair = nullptr;  // two adjacent interior pixels of a 32-channel layer (DwVnni::pair)
 
   explicit QDwConvKernel(const OrtKernelInfo* info) : core(Ort::ConstKernelInfo(info)) {
     Ort::ConstKernelInfo ki(info);
@@ -318,7 +360,8 @@ struct QDwConvKernel {
     }
     if (qconv_isa() == 2) {
       vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind);
-      pixel = dw_vnni_for(kind, !vnni->m32.empty());
+      pixel = dw_vnni_for(vnni->vkind, !vnni->m32.empty(), kOne);
+      if (vnni->pair) pair = dw_vnni_for(vnni->vkind, !vnni->m32.empty(), core.sw == 1 ? kPairRun : kPairSplit);
     }
   }
 
@@ -327,6 +370,7 @@ struct QDwConvKernel {
     const DwCore& k = core;
     std::vector<const uint8_t*> ptr(static_cast<size_t>(vnni->quads * 4), vnni->zrow.data());
     std::vector<char> row_in(static_cast<size_t>(k.kh));
+    std::vector<int64_t> adv(ptr.size(), 0);  // pair blocks: tap t of the next pixel is at ptr[t] + adv[t]
     // interior columns: every tap of the row inside the input; there the pointers only step by sw c
     const int64_t in0 = (k.pl + k.sw - 1) / k.sw, ext = (k.kw - 1) * k.dw;
     const int64_t in1 = g.wd - 1 - ext + k.pl >= 0 ? (g.wd - 1 - ext + k.pl) / k.sw + 1 : 0;
@@ -337,11 +381,17 @@ struct QDwConvKernel {
         const int64_t iy = oy * k.sh - k.pt + i * k.dh;
         row_in[static_cast<size_t>(i)] = iy >= 0 && iy < g.h;
       }
+      for (int64_t t = 0; t < vnni->taps; ++t) adv[static_cast<size_t>(t)] = row_in[static_cast<size_t>(t / k.kw)] ? step : 0;
       for (int64_t ox = 0; ox < g.ow; ++ox) {
         if (ox > in0 && ox < in1) {
-          for (int64_t t = 0; t < vnni->taps; ++t)
-            if (row_in[static_cast<size_t>(t / k.kw)]) ptr[static_cast<size_t>(t)] += step;
-          pixel(*vnni, ptr.data(), g.c, y + (r * g.ow + ox) * g.c, zs, lo, hi);
+          for (int64_t t = 0; t < vnni->taps; ++t) ptr[static_cast<size_t>(t)] += adv[static_cast<size_t>(t)];
+          if (pair != nullptr && ox + 1 < in1) {  // ox and ox + 1 interior: one pair block
+            pair(*vnni, ptr.data(), adv.data(), g.c, y + (r * g.ow + ox) * g.c, zs, lo, hi);
+            for (int64_t t = 0; t < vnni->taps; ++t) ptr[static_cast<size_t>(t)] += adv[static_cast<size_t>(t)];
+            ++ox;
+            continue;
+          }
+          pixel(*vnni, ptr.data(), nullptr, g.c, y + (r * g.ow + ox) * g.c, zs, lo, hi);
           continue;
         }
         for (int64_t i = 0; i < k.kh; ++i) {
@@ -352,7 +402,7 @@ struct QDwConvKernel {
             ptr[static_cast<size_t>(i * k.kw + j)] = in ? xv + ((b * g.h + iy) * g.wd + ix) * g.c : vnni->zrow.data();
           }
         }
-        pixel(*vnni, ptr.data(), g.c, y + (r * g.ow + ox) * g.c, zs, lo, hi);
+        pixel(*vnni, ptr.data(), nullptr, g.c, y + (r * g.ow + ox) * g.c, zs, lo, hi);
       }
     }
   }

@@ -186,6 +186,8 @@ VnniFn vnni_nv(int mr, int nv) {
 }
 // The micro-kernel for mr positions, nv 16-lane blocks, a rounding kind and the multipliers' width.
 VnniFn vnni_kernel(int mr, int nv, int kind, bool m32) {
+  if (kind == kF64Floor) return vnni_nv<kF64Floor, true>(mr, nv);
+  if (kind == kF64Even) return vnni_nv<kF64Even, true>(mr, nv);
   if (kind == kParity) return m32 ? vnni_nv<kParity, true>(mr, nv) : vnni_nv<kParity, false>(mr, nv);
   if (kind == kSign) return m32 ? vnni_nv<kSign, true>(mr, nv) : vnni_nv<kSign, false>(mr, nv);
   return m32 ? vnni_nv<kPlain, true>(mr, nv) : vnni_nv<kPlain, false>(mr, nv);
@@ -411,6 +413,9 @@ struct QConvKernel {
   std::vector<int32_t> zw;    // xzp sum_k w[k, o]
   std::vector<int64_t> zw64;  // the same in int64 (16-bit inputs: xzp up to 65535)
   bool wide;                  // QConv16: int32-stored 16-bit input codes, int32 output codes
+  std::vector<int64_t> xm;    // per channel: max |acc - zw| = xzp-centred input range x sum |w|
+  F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
+  int vkind = kPlain;         // the VNNI path's rounding kind: kind, or kF64Floor / kF64Even
 
   QConvKernel(const OrtKernelInfo* info, bool wide16) : wide(wide16) {
     Ort::ConstKernelInfo ki(info);
@@ -467,6 +472,10 @@ struct QConvKernel {
       throw std::runtime_error("QConv: weights must be int8 [kh kw C, O] with O = the requantization channels");
     if (wshape[0] * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
     pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1]);
+    vkind = kind;
+    if (!wide && !mult32.empty() &&
+        f64.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xm.data(), kind))
+      vkind = kind == kPlain ? kF64Floor : kF64Even;
     if (kind == kPlain && !wide) {  // rq16_32's kPlain form: K + A (fold_plain)
       for (size_t ch = 0; ch < zw.size(); ++ch) {
         const int64_t f = fold_plain(cnst[ch], addend[ch]);
@@ -483,6 +492,7 @@ struct QConvKernel {
     packed.assign(static_cast<size_t>(panels * kp * kPanel), 0);
     zw.assign(static_cast<size_t>(panels * kPanel), 0);
     zw64.assign(static_cast<size_t>(panels * kPanel), 0);
+    xm.assign(static_cast<size_t>(panels * kPanel), 0);
     for (int64_t pn = 0; pn < panels; ++pn) {
       const int64_t o0 = pn * kPanel;
       int8_t* dst = packed.data() + pn * kp * kPanel;
@@ -495,7 +505,12 @@ struct QConvKernel {
     }
     for (int64_t oc = 0; oc < o; ++oc) {
       int64_t sum = 0;
-      for (int64_t kk = 0; kk < kdim; ++kk) sum += w[kk * o + oc];
+      int64_t mag = 0;
+      for (int64_t kk = 0; kk < kdim; ++kk) {
+        sum += w[kk * o + oc];
+        mag += std::abs(static_cast<int64_t>(w[kk * o + oc]));
+      }
+      xm[static_cast<size_t>(oc)] = mag * std::max<int64_t>(xzp, 255 - xzp);
       zw[static_cast<size_t>(oc)] = static_cast<int32_t>(wide ? 0 : xzp * sum);
       zw64[static_cast<size_t>(oc)] = xzp * sum;
     }
@@ -653,11 +668,12 @@ struct QConvKernel {
                         addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch,
                         mult32.empty() ? nullptr : mult32.data() + o0, ke.data() + h0, ko.data() + h0,
                         se.data() + h0, so.data() + h0, ae.data() + h0, ao.data() + h0, be.data() + h0,
-                        bo.data() + h0};
+                        bo.data() + h0, f64.fm.empty() ? nullptr : f64.fm.data() + o0,
+                        f64.fc.empty() ? nullptr : f64.fc.data() + o0};
         for (int64_t r = 0; r < rows; r += kMR) {
           const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           if (isa == 2) {
-            vnni_kernel(mr, nv, kind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
+            vnni_kernel(mr, nv, vkind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
             continue;
           }
           if (isa == 1) gemm_avxvnni(col + r * kp, kp, bp, kp / 4, tile, mr, nv);

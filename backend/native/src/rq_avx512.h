@@ -4,7 +4,9 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "zonnx_native.h"
 
@@ -30,7 +32,67 @@ struct RqArgs {
   const int64_t *ke, *ko, *se, *so;    // k and s of the even / odd channels of each 16-channel group
                                        // (ke, ko: K + A, fold_plain, for the kPlain rounding kind)
   const int64_t *ae, *ao, *be, *bo;    // a and b likewise
+  const double *fm, *fc;               // rq16_f64 tables (F64Tables), channel order like m32; else null
 };
+
+// Two more values of the KIND template argument (beyond RoundKind): the float64 form of kPlain (floor) and
+// of kParity (nearest even), used by rq16_32_values where F64Tables proved them exact.
+enum F64Kind { kF64Floor = 3, kF64Even = 4 };
+
+// The float64 form of the requantization, exact where it is used. With fm = M 2^-s and fc = C 2^-s, where
+// C = K + A - M zw (kPlain) or K - M zw (kParity), fma(acc, fm, fc) is (M (acc - zw) + K + A) 2^-s (or
+// without A): the exact sum is an integer below 2^52 in magnitude scaled by a power of two (|M| xm + |K| + A
+// < 2^52, xm = max |acc - zw| from the weights), so it is representable and the one rounding of the fma
+// leaves it unchanged; fm and fc are exact for the same reason (|M| < 2^32, |C| < 2^52, 2^-s >= 2^-62 is no
+// subnormal). Then floor (kPlain: (p + A) >> s) or round-half-even (kParity: the parity-corrected shift) of
+// that value is the integer shift result; clamping to the integers [lo - zs, hi - zs] before the rounding
+// equals clamping after it (both roundings are monotone and keep integers), and zs is added in int32.
+struct F64Tables {
+  std::vector<double> fm, fc;
+
+  // Fills the tables for n channels (xm[j] bounds |acc - zw| of channel j); false (tables empty) when one
+  // channel breaks the bound or the rounding kind is not kPlain / kParity: the integer form then stays.
+  bool build(size_t n, const int64_t* m, const int64_t* k, const int64_t* s, const int64_t* a,
+             const int32_t* zw, const int64_t* xm, int kind) {
+    fm.assign(n, 0.0);
+    fc.assign(n, 0.0);
+    const __int128 lim = __int128{1} << 52;
+    bool ok = kind == kPlain || kind == kParity;
+    for (size_t j = 0; ok && j < n; ++j) {
+      const __int128 mj = m[j], kj = k[j] + (kind == kPlain ? a[j] : 0);
+      const __int128 c = kj - mj * zw[j];
+      const __int128 bound = (mj < 0 ? -mj : mj) * xm[j] + (kj < 0 ? -kj : kj);
+      ok = m[j] >= INT32_MIN && m[j] <= INT32_MAX && xm[j] >= 0 && bound < lim && c < lim && -c < lim;
+      if (!ok) break;
+      const double scale = std::ldexp(1.0, -static_cast<int>(s[j]));
+      fm[j] = static_cast<double>(m[j]) * scale;
+      fc[j] = static_cast<double>(static_cast<int64_t>(c)) * scale;
+    }
+    if (!ok) {
+      fm.clear();
+      fc.clear();
+    }
+    return ok;
+  }
+};
+
+// The float64 form (F64Tables) on 16 int32 accumulators, as int32 values (the same integers as rq16_values).
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i rq16_f64_values(
+    __m512i acc, const RqArgs& q, int j0) {
+  constexpr int kRound = (KIND == kF64Floor ? _MM_FROUND_TO_NEG_INF : _MM_FROUND_TO_NEAREST_INT) | _MM_FROUND_NO_EXC;
+  const __m512d lo = _mm512_set1_pd(static_cast<double>(q.lo - q.zs));
+  const __m512d hi = _mm512_set1_pd(static_cast<double>(q.hi - q.zs));
+  __m512d v0 = _mm512_cvtepi32_pd(_mm512_castsi512_si256(acc));
+  __m512d v1 = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(acc, 1));
+  v0 = _mm512_fmadd_pd(v0, _mm512_loadu_pd(q.fm + j0), _mm512_loadu_pd(q.fc + j0));
+  v1 = _mm512_fmadd_pd(v1, _mm512_loadu_pd(q.fm + j0 + 8), _mm512_loadu_pd(q.fc + j0 + 8));
+  v0 = _mm512_min_pd(_mm512_max_pd(v0, lo), hi);
+  v1 = _mm512_min_pd(_mm512_max_pd(v1, lo), hi);
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvt_roundpd_epi32(v0, kRound)),
+                                       _mm512_cvt_roundpd_epi32(v1, kRound), 1);
+  return _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+}
 
 // rq16 for int32 multipliers without widening the accumulators: vpmuldq multiplies the even int32 lanes
 // (and, after a 32-bit shift, the odd ones) into int64 products; after the shift and the clamp to
@@ -39,6 +101,7 @@ struct RqArgs {
 template <int KIND>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i rq16_32_values(
     __m512i acc, const RqArgs& q, int j0) {
+  if constexpr (KIND == kF64Floor || KIND == kF64Even) return rq16_f64_values<KIND>(acc, q, j0);
   const int g = j0 / 2;
   const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
   const __m512i m = _mm512_loadu_si512(q.m32 + j0);
