@@ -41,7 +41,20 @@ logger = logging.getLogger(__name__)
 TEST_DIR = "onnxruntime/test/python/quantization"
 #: A test file is counted when it names one of these (it exercises static quantization).
 STATIC_NAMES = ("quantize_static", "get_qdq_config", "StaticQuantConfig")
-DEFAULT_SNAPSHOT = "/work/.mirror/mcollinswisc+onnxruntime/repo"
+#: Where to find the git directory of an ORT repository (a clone of github.com/microsoft/onnxruntime).
+SNAPSHOT_ENV = "ZONNX_ORT_SNAPSHOT"
+
+
+def snapshot_from_env() -> str:
+    """The snapshot named by ``ZONNX_ORT_SNAPSHOT``; a clear SystemExit when it is not set."""
+    path = os.environ.get(SNAPSHOT_ENV)
+    if not path:
+        raise SystemExit(
+            f"ort_conformance: set {SNAPSHOT_ENV} (or pass --snapshot) to the git directory of an "
+            "onnxruntime repository clone (git clone https://github.com/microsoft/onnxruntime)."
+        )
+    return path
+
 
 #: Written into the extracted folder for the zonnx run: rebinds ORT's static entry points to zonnx's.
 _PATCH = """
@@ -204,7 +217,7 @@ def bench_ort_conformance(ctx: object) -> list[object]:
     """bench.runner entry: the share of ORT-passing tests that pass with zonnx (snapshot from the env)."""
     from bench.runner import HIGHER, Measurement
 
-    snapshot = os.environ.get("ZONNX_ORT_SNAPSHOT", DEFAULT_SNAPSHOT)
+    snapshot = snapshot_from_env()
     result = run_conformance(snapshot, files=["test_op_gemm", "test_qdq"] if ctx.quick else None)
     _print(result)
     return [
@@ -234,12 +247,14 @@ def _print(result: ConformanceResult) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Command line: print the figure and the failing test ids."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--snapshot", default=os.environ.get("ZONNX_ORT_SNAPSHOT", DEFAULT_SNAPSHOT),
-                        help="git directory of an ORT repository snapshot")  # fmt: skip
+    parser.add_argument("--snapshot", default=os.environ.get(SNAPSHOT_ENV),
+                        help=f"git directory of an ORT repository clone (default: ${SNAPSHOT_ENV})")  # fmt: skip
     parser.add_argument("--commit", default="HEAD", help="revision of the snapshot to test (HEAD)")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression to run a subset")
     parser.add_argument("--files", nargs="*", help="test file names to run (default: all static ones)")
     args = parser.parse_args(argv)
+    if not args.snapshot:
+        snapshot_from_env()  # says what to set
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     _print(run_conformance(args.snapshot, args.commit, args.keyword, args.files))
     return 0
