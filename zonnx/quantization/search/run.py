@@ -7,7 +7,8 @@ is quantized with the chosen overrides; the overrides are written next to it as 
 
 Range search (``range_search=True``): before any layer is raised, the ranges of the ``range_groups``
 most sensitive shared-scale groups (measured, ``measure.py``) are searched (``ranges.py``) on the first
-``range_samples`` evaluation samples; the clipped ranges become ``TensorQuantOverrides`` of the
+``range_samples`` evaluation samples and validated on the next ``range_samples`` (kept only if they
+help there too); the clipped ranges become ``TensorQuantOverrides`` of the
 configuration every candidate and the final model are quantized with, and are written to the config
 file. On an int8-only target this is what the search tries before leaving layers float.
 """
@@ -77,7 +78,7 @@ def quantize_with_budget(
     measure_samples: int = 2,
     range_search: bool = False,
     range_groups: int = 16,
-    range_samples: int = 4,
+    range_samples: int = 8,
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
@@ -149,7 +150,7 @@ def quantize_with_budget(
                 ranges = search_ranges(
                     baseline.model, baseline.prepared, baseline.plan,
                     [s.tensors for s in sorted(sens, key=lambda s: -s.noise)], held[:range_samples],
-                    groups=range_groups, keep=keep,
+                    groups=range_groups, keep=keep, validate=held[range_samples : 2 * range_samples],
                 )  # fmt: skip
                 config = _with_ranges(config, ranges)
         scorer = CandidateScorer(
