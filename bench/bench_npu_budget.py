@@ -19,8 +19,8 @@ the same test lines; the target is within 0.5 points of it (ratio >= (float - 0.
 Quick: one target, a few lines.
 
 Run alone: ``python -m bench.runner npu_budget``. ``npu_budget_range``: the int8-only targets (bm1684x,
-dpu-b4096) with ``range_search=True`` (clipping ranges of the 16 most sensitive groups searched on 4
-search lines before any layer is left float).
+dpu-b4096) with ``range_search=True`` (clipping ranges of the 16 most sensitive groups searched on 8
+search lines, validated on the next 8, before any layer is left float).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _bench(ctx: BenchContext, all_targets: tuple[str, ...], *, range_search: boo
         note=f"lines of input {list(REC_SHAPE)}; layer order {ORDER_BY} (on 2 search lines), at most "
         f"{SEARCH_LAYERS} layers raised; candidates scored on {n_search} of the search lines, the choice "
         "confirmed on all of them"
-        + ("; range search on (16 groups, 4 search lines)" if range_search else ""),
+        + ("; range search on (16 groups, 8 search lines, validated on 8)" if range_search else ""),
     )
     src = Path(zoo.get("ppocr_rec"))
     lines = fixed_width_lines(n_calib + n_eval + n_test)
