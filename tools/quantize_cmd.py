@@ -350,18 +350,14 @@ def quantize(
          "the per-layer report": Path(f"{output}.report.json"), **search_outputs},
     )  # fmt: skip
     if accuracy_budget is None and (
-        eval_data
-        or metric != "cosine"
-        or strict
-        or input_shape
-        or search_samples
-        or search_order != "report"
-        or range_search
+        eval_data or metric != "cosine" or strict or input_shape or search_samples or search_order != "report"
     ):
         raise OptionError(
-            "--metric, --eval, --strict, --input-shape, --search-samples, --search-order and --range-search go "
-            "with --accuracy-budget; add it or drop them."
+            "--metric, --eval, --strict, --input-shape, --search-samples and --search-order go with "
+            "--accuracy-budget; add it or drop them."
         )
+    if accuracy_budget is None and range_search:
+        raise OptionError("--range-search goes with --accuracy-budget; add it or drop --range-search.")
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
     tdef = _target_defaults(target or cfg_file.get("target"))

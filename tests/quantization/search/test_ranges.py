@@ -104,4 +104,4 @@ def test_range_search_misuse_is_one_clear_error(tmp_path: Path) -> None:
     calib = tmp_path / "calib.npz"
     np.savez(calib, input=np.concatenate([f["input"] for f in _feeds(8)]))
     proc = run_cli("quantize", str(src), str(tmp_path / "o.onnx"), "--calib", str(calib), "--range-search")
-    assert proc.returncode != 0 and "--range-search go with --accuracy-budget" in proc.stderr
+    assert proc.returncode != 0 and "--range-search goes with --accuracy-budget" in proc.stderr
