@@ -18,12 +18,21 @@ Char accuracy against the rendered text, strict and with spaces removed. The pee
 the same test lines; the target is within 0.5 points of it (ratio >= (float - 0.005) / float).
 Quick: one target, a few lines.
 
-Run alone: ``python -m bench.runner npu_budget``.
+Run alone: ``python -m bench.runner npu_budget``. ``npu_budget_range``: the int8-only targets (bm1684x,
+dpu-b4096) with ``range_search=True`` (clipping ranges of the 16 most sensitive groups searched on 8
+search lines, validated on the next 8, before any layer is left float).
 """
 
 from __future__ import annotations
 
-__all__ = ["bench_npu_budget", "TARGETS", "REC_SHAPE", "fixed_width_lines", "npu_session"]
+__all__ = [
+    "bench_npu_budget",
+    "bench_npu_budget_range",
+    "TARGETS",
+    "REC_SHAPE",
+    "fixed_width_lines",
+    "npu_session",
+]
 
 import dataclasses
 import logging
@@ -106,19 +115,32 @@ def _deploy(model: Path, target: str, test: list, work: Path) -> _Deployed:
     return _Deployed(fq, npu, compiled.partition.mac_share)
 
 
+INT8_ONLY = ("bm1684x", "dpu-b4096")
+
+
 def bench_npu_budget(ctx: BenchContext) -> list[Measurement]:
     """Per target: NPU char accuracy of the budgeted choice against float, its MAC share and search time."""
+    return _bench(ctx, TARGETS, range_search=False)
+
+
+def bench_npu_budget_range(ctx: BenchContext) -> list[Measurement]:
+    """``bench_npu_budget`` on the int8-only targets with the range search before float fall-back."""
+    return _bench(ctx, INT8_ONLY, range_search=True)
+
+
+def _bench(ctx: BenchContext, all_targets: tuple[str, ...], *, range_search: bool) -> list[Measurement]:
     if ctx.quick:
-        targets, n_calib, n_eval, n_search, n_test = ("bm1684x",), 8, 6, 3, 6
+        targets, n_calib, n_eval, n_search, n_test = all_targets[:1], 8, 6, 3, 6
     else:
-        targets, n_calib, n_eval, n_search, n_test = TARGETS, 32, 32, 32, 60
+        targets, n_calib, n_eval, n_search, n_test = all_targets, 32, 32, 32, 60
     ctx.describe(
         ["ppocr_rec"],
         {"calibration lines": n_calib, "search lines": n_eval, "test lines": n_test},
         {"lines": SEED},
         note=f"lines of input {list(REC_SHAPE)}; layer order {ORDER_BY} (on 2 search lines), at most "
         f"{SEARCH_LAYERS} layers raised; candidates scored on {n_search} of the search lines, the choice "
-        "confirmed on all of them",
+        "confirmed on all of them"
+        + ("; range search on (16 groups, 8 search lines, validated on 8)" if range_search else ""),
     )
     src = Path(zoo.get("ppocr_rec"))
     lines = fixed_width_lines(n_calib + n_eval + n_test)
@@ -131,7 +153,17 @@ def bench_npu_budget(ctx: BenchContext) -> list[Measurement]:
         work = Path(tmp)
         for target in targets:
             try:
-                out += _one_target(target, src, calib, search_eval, test, float_acc, n_search, work)
+                out += _one_target(
+                    target,
+                    src,
+                    calib,
+                    search_eval,
+                    test,
+                    float_acc,
+                    n_search,
+                    work,
+                    range_search=range_search,
+                )
             except Exception as e:  # one target's failure is a row of its own; the others still run
                 logger.warning("npu_budget %s failed: %s", target, e)
                 out.append(
@@ -155,6 +187,8 @@ def _one_target(
     float_acc: tuple[float, float],
     n_search: int,
     work: Path,
+    *,
+    range_search: bool = False,
 ) -> list[Measurement]:
     """Plain recipe, budgeted search, both deployed on the simulated NPU: three measurements."""
     kwargs = target_quantize_kwargs(target)
@@ -176,6 +210,7 @@ def _one_target(
         min_npu_share=MIN_NPU_SHARE,
         max_layers=SEARCH_LAYERS,
         order_by=ORDER_BY,
+        range_search=range_search,
     )
     seconds = time.perf_counter() - start
     chosen = _deploy(budget_path, target, test, work)
@@ -186,6 +221,12 @@ def _one_target(
         f"search {verdict}: {result.metric} {result.chosen.score:.4f} against float's text on {lines} lines, "
         f"{len(result.candidates) + 1} candidates"
     )
+    if result.ranges is not None:
+        r = result.ranges
+        note += (
+            f"; range search clipped {r.changed} of {len(r.choices)} groups, output noise "
+            f"{r.plain_noise:.3g} -> {r.noise:.3g}"
+        )
     rows = [
         ("plain --target, fake-quant", plain.fake_quant, None),
         ("plain --target, on the NPU", plain.npu, None),

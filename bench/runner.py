@@ -450,6 +450,12 @@ REGISTRY: dict[str, Benchmark] = {
             "simulated NPU",
         ),
         Benchmark(
+            "npu_budget_range",
+            "bench.bench_npu_budget:bench_npu_budget_range",
+            "npu_budget on the int8-only targets (bm1684x, dpu-b4096) with the per-tensor range search before "
+            "float fall-back",
+        ),
+        Benchmark(
             "accuracy_peers",
             "bench.bench_accuracy_peers:bench_accuracy_peers",
             "PP-OCRv4 rec char accuracy and trained BERT topic accuracy / logits cosine: zonnx vs NNCF (and AIMET-ONNX), each "

@@ -38,6 +38,7 @@ def run_budget_search(
     min_npu_share: float = 0.0,
     executor: Any = None,
     order_by: str = "report",
+    range_search: bool = False,
 ) -> None:
     """Search, print every candidate and ``summary`` of the final model, write the model and its config
     file; exit 1 under ``strict`` when the budget is not met. ``executor`` runs calibration shards and
@@ -60,7 +61,7 @@ def run_budget_search(
         str(model), output, reader, cfg, budget=budget, metric=metric, eval_feeds=eval_feeds,
         max_layers=search_layers, measure_layers=measure_layers, progress=progress,
         input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share, executor=executor,
-        order_by=order_by,
+        order_by=order_by, range_search=range_search,
     )  # fmt: skip
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
@@ -76,6 +77,13 @@ def run_budget_search(
             row["candidate"], f"{row['score']:.5f}", str(row["not_int8"]),
             "-" if share is None else f"{100 * share:.1f}%", "yes" if row["chosen"] else "",
         )  # fmt: skip
+    if result.ranges is not None:
+        r = result.ranges
+        console.print(
+            f"range search: {r.changed} of {len(r.choices)} group(s) clipped, output noise "
+            f"{r.plain_noise:.4g} -> {r.noise:.4g} (written to {config_path})",
+            markup=False,
+        )
     console.print(table)
     console.print(summary(final, time.perf_counter() - start, output))
     verdict = "met" if result.met else "NOT met (kept the best candidate)"

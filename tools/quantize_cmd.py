@@ -286,6 +286,12 @@ def quantize(
         help="Order of the layers the budget search raises: report (per-layer report's added noise) or "
         "measured (output noise of each group quantized alone, on the evaluation samples).",
     ),
+    range_search: bool = typer.Option(
+        False,
+        "--range-search",
+        help="With --accuracy-budget: search the clipping ranges of the most sensitive groups before raising "
+        "layers (what an int8-only target can do before leaving layers float).",
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
     input_shape: list[str] = typer.Option(
         None,
@@ -350,6 +356,8 @@ def quantize(
             "--metric, --eval, --strict, --input-shape, --search-samples and --search-order go with "
             "--accuracy-budget; add it or drop them."
         )
+    if accuracy_budget is None and range_search:
+        raise OptionError("--range-search goes with --accuracy-budget; add it or drop --range-search.")
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
     tdef = _target_defaults(target or cfg_file.get("target"))
@@ -439,7 +447,8 @@ def quantize(
         run_budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
                           search_layers, measure_layers, strict, _summary,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
-                          min_npu_share=min_npu_share, executor=executor, order_by=search_order)  # fmt: skip
+                          min_npu_share=min_npu_share, executor=executor, order_by=search_order,
+                          range_search=range_search)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()

@@ -244,12 +244,18 @@ def _apply(tp: TensorPlan, ov: TensorOverride) -> None:
             ov.zero_point.astype(spec.dtype.np_dtype),
             spec.dtype,
             spec.axis if ov.scale.ndim else None,
-            None,
+            _pof2_position(ov.scale) if spec.power_of_two else None,
             qmin,
             qmax,
         )
     elif ov.rmin is not None and ov.rmax is not None:
         tp.fixed_range = (ov.rmin, ov.rmax) if tp.role is Role.WEIGHT else (float(ov.rmin), float(ov.rmax))
+
+
+def _pof2_position(scale: np.ndarray) -> np.ndarray | None:
+    """``pos`` with ``scale == 2^-pos`` when every scale is a power of two, else None."""
+    pos = -np.log2(scale.astype(np.float64))
+    return pos.round().astype(np.int64) if np.all(pos == np.round(pos)) else None
 
 
 def apply_tensor_overrides(plan: QuantPlan, overrides: Mapping[str, TensorOverride]) -> None:

@@ -71,6 +71,7 @@ class BudgetResult:
     eval_samples: int
     confirmed: Candidate | None = None
     min_npu_share: float = 0.0
+    ranges: Any = None  # the range search (``ranges.RangeSearch``) run before, if any
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate, baseline first: score, layers not int8, NPU MAC share, seconds."""
@@ -256,6 +257,12 @@ def _confirm(
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple | np.ndarray):
+        return "[" + ", ".join(_toml_value(v) for v in np.asarray(value).tolist()) + "]"
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -275,6 +282,11 @@ def write_config(path: Path, base: QuantConfig, overrides: Mapping[str, str], no
     ]
     if base.extra.target:
         lines.append(f"target = {_toml_value(base.extra.target)}")
+    tensors = dict(base.extra.tensor_quant_overrides or {})
+    if tensors:  # searched ranges (and the user's own): fixed parameters per tensor
+        lines += ["", "[extra_options.TensorQuantOverrides]"]
+        for name, entries in tensors.items():
+            lines.append(f"{json.dumps(name)} = [{', '.join(_toml_value(e) for e in entries)}]")
     for node, keys in node_overrides(overrides).items():
         lines.append("")
         lines.append(f"[nodes.{json.dumps(node)}]")

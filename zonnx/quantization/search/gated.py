@@ -47,20 +47,32 @@ def output_noise(reference: Sequence[Sequence[np.ndarray]], outputs: Sequence[Se
     return total / max(1, len(reference))
 
 
+def _scalar_input(graph: onnx.GraphProto, name: str) -> str:
+    graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, []))
+    return name
+
+
+def _divide(graph: onnx.GraphProto, node: onnx.NodeProto, tag: str) -> tuple[onnx.NodeProto, str]:
+    """``node`` (a quantizer) reads ``x / r`` instead of ``x``: the Div node and the ratio input ``r``."""
+    r = _scalar_input(graph, f"zonnx_ratio_{tag}")
+    scaled = f"{node.input[0]}_zonnx_div_{tag}"
+    div = helper.make_node("Div", [node.input[0], r], [scaled], name=f"zonnx_ratio_div_{tag}")
+    node.input[0] = scaled
+    return div, r
+
+
 def _gate(
-    graph: onnx.GraphProto, x: str, raw: str, out: str, tag: str, new_nodes: list[onnx.NodeProto]
-) -> tuple[str, str]:
-    """Nodes computing ``out = x + g * (r * raw - x)``; returns the names of the gate and ratio inputs."""
-    g, r = f"zonnx_gate_{tag}", f"zonnx_ratio_{tag}"
-    for name in (g, r):
-        graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, []))
+    graph: onnx.GraphProto, x: str, raw: str, out: str, tag: str, r: str, new_nodes: list[onnx.NodeProto]
+) -> str:
+    """Nodes computing ``out = x + g * (r * raw - x)``; returns the name of the gate input."""
+    g = _scalar_input(graph, f"zonnx_gate_{tag}")
     new_nodes += [
         helper.make_node("Mul", [raw, r], [f"{raw}_r"], name=f"zonnx_gate_mul_r_{tag}"),
         helper.make_node("Sub", [f"{raw}_r", x], [f"{raw}_d"], name=f"zonnx_gate_sub_{tag}"),
         helper.make_node("Mul", [f"{raw}_d", g], [f"{raw}_gd"], name=f"zonnx_gate_mul_g_{tag}"),
         helper.make_node("Add", [x, f"{raw}_gd"], [out], name=f"zonnx_gate_add_{tag}"),
     ]
-    return g, r
+    return g
 
 
 class GatedModel:
@@ -81,7 +93,7 @@ class GatedModel:
         keep: Iterable[str] = (),
     ) -> None:
         self.keep = set(keep)
-        self._pending: dict[int, tuple[str, str]] = {}
+        self._pending: dict[int, tuple[str, str, str]] = {}
         self._all_inputs: list[tuple[str, str, str]] = []
         m = onnx.ModelProto()
         m.CopyFrom(model)
@@ -104,16 +116,20 @@ class GatedModel:
                 pairs = [d for d in readers.get(node.output[0], []) if d.op_type in DEQUANTIZE_OPS]
                 if not pairs:
                     continue
+                div, r = _divide(graph, node, str(index))
+                nodes.insert(len(nodes) - 1, div)
                 # the dequantize nodes come later in topological order: gate them when they are reached
                 for d in pairs:
                     d.output[0], out = f"{d.output[0]}_zonnx_raw", d.output[0]
-                    self._pending[id(d)] = (x, out)
+                    self._pending[id(d)] = (x, out, r)
                 continue
             raw_out = None
             if node.op_type in DEQUANTIZE_OPS and id(node) in self._pending:
-                x, out = self._pending.pop(id(node))
+                x, out, r = self._pending.pop(id(node))
                 raw_out = node.output[0]
             elif node.op_type in FAKE_QUANT_OPS:
+                div, r = _divide(graph, node, str(index))
+                nodes.insert(len(nodes) - 1, div)
                 node.output[0], out = f"{node.output[0]}_zonnx_raw", node.output[0]
                 raw_out = node.output[0]
             if raw_out is None:
@@ -121,7 +137,7 @@ class GatedModel:
             name = self._tensor_name(x, out, wanted)
             tag = str(index)
             extra: list[onnx.NodeProto] = []
-            g, r = _gate(graph, x, raw_out, out, tag, extra)
+            g = _gate(graph, x, raw_out, out, tag, r, extra)
             nodes += extra
             self.units.setdefault(name, (g, r))
             self._all_inputs.append((name, g, r))

@@ -20,7 +20,14 @@ re-quantization (the gates are inputs of one ONNX Runtime session).
 
 from __future__ import annotations
 
-__all__ = ["GroupSensitivity", "group_owners", "measure_groups", "measured_order", "measured_outputs"]
+__all__ = [
+    "GroupSensitivity",
+    "float_outputs",
+    "group_owners",
+    "measure_groups",
+    "measured_order",
+    "measured_outputs",
+]
 
 import dataclasses
 import logging
@@ -81,9 +88,10 @@ def measured_outputs(float_model: onnx.ModelProto) -> list[str]:
     return out
 
 
-def _float_outputs(
+def float_outputs(
     float_model: onnx.ModelProto, names: Sequence[str], feeds: Sequence[Mapping[str, np.ndarray]]
 ) -> list[list[np.ndarray]]:
+    """The float model's tensors ``names`` (any tensor, not only outputs) on each feed."""
     m = onnx.ModelProto()
     m.CopyFrom(float_model)
     listed = {o.name for o in m.graph.output}
@@ -108,7 +116,7 @@ def measure_groups(
     gated = GatedModel(quant_model, known=[t for g in groups for t in g], outputs=measured, keep=keep)
     names = {i.name for i in float_model.graph.input}
     feeds = [{k: v for k, v in s.items() if k in names} for s in samples]
-    reference = _float_outputs(float_model, measured, feeds)
+    reference = float_outputs(float_model, measured, feeds)
     weights_only = gated.run(feeds, on=[])
     floor = output_noise(reference, weights_only)
     out = []

@@ -4,6 +4,13 @@ Evaluation samples come from ``eval_feeds`` or, when none are given, from the ca
 4th sample is held out (and said), so the score is never measured on the samples that set the ranges.
 Statistics are saved once in ``work_dir`` and every candidate re-quantizes from them. The output model
 is quantized with the chosen overrides; the overrides are written next to it as ``OUTPUT.search.toml``.
+
+Range search (``range_search=True``): before any layer is raised, the ranges of the ``range_groups``
+most sensitive shared-scale groups (measured, ``measure.py``) are searched (``ranges.py``) on the first
+``range_samples`` evaluation samples and validated on the next ``range_samples`` (kept only if they
+help there too); the clipped ranges become ``TensorQuantOverrides`` of the
+configuration every candidate and the final model are quantized with, and are written to the config
+file. On an int8-only target this is what the search tries before leaving layers float.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
 from zonnx.quantization.search.executor import Executor
 from zonnx.quantization.search.measure import measure_groups, measured_order
+from zonnx.quantization.search.ranges import RangeSearch, search_ranges
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import feeds_digest
 
@@ -68,6 +76,9 @@ def quantize_with_budget(
     trials_per_round: int | None = None,
     order_by: str = "report",
     measure_samples: int = 2,
+    range_search: bool = False,
+    range_groups: int = 16,
+    range_samples: int = 8,
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
@@ -77,8 +88,10 @@ def quantize_with_budget(
     meet the budget; ``trials_per_round``: probes the search scores at once on ``executor`` (None: the
     executor's ``workers``, 1 in process, which is the plain binary search); ``order_by``: ``"report"``
     ranks layers by the per-layer report's added noise, ``"measured"`` by the output noise each shared-scale
-    group causes alone (``measure.py``) on the first ``measure_samples`` evaluation samples. Returns the
-    final ``QuantizeResult``, the ``BudgetResult`` (every candidate) and the config path.
+    group causes alone (``measure.py``) on the first ``measure_samples`` evaluation samples;
+    ``range_search``: search the ranges of the ``range_groups`` most sensitive groups first (module
+    docstring; ``BudgetResult.ranges``). Returns the final ``QuantizeResult``, the ``BudgetResult`` (every
+    candidate) and the config path.
     """
     from zonnx.quantization.api import quantize_static
 
@@ -90,6 +103,10 @@ def quantize_with_budget(
         raise OptionError(f"--min-npu-share {min_npu_share}: give a share of MACs in [0, 1], e.g. 0.9.")
     if order_by not in ORDERS:
         raise OptionError(f"--search-order {order_by!r}: use one of {', '.join(ORDERS)}.")
+    if range_search and (range_groups < 1 or range_samples < 1):
+        raise OptionError(
+            f"--range-search: range_groups={range_groups}, range_samples={range_samples}; give at least 1 of each."
+        )
     if measure_samples < 1:
         raise OptionError(f"measure_samples={measure_samples}: measure on at least 1 sample.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
@@ -116,16 +133,26 @@ def quantize_with_budget(
                 "the accuracy search needs the per-layer report; set ReportSamples to 1 or more."
             )
         order = None
-        if order_by == "measured":
+        ranges: RangeSearch | None = None
+        if order_by == "measured" or range_search:
+            keep = {t for pair in baseline.plan.removed.values() for t in pair}
             sens = measure_groups(
                 baseline.model,
                 baseline.prepared,
                 baseline.plan.groups(),
                 baseline.plan.quantized_nodes,
                 held[:measure_samples],
-                keep={t for pair in baseline.plan.removed.values() for t in pair},
+                keep=keep,
             )
-            order = measured_order(sens)
+            if order_by == "measured":
+                order = measured_order(sens)
+            if range_search:
+                ranges = search_ranges(
+                    baseline.model, baseline.prepared, baseline.plan,
+                    [s.tensors for s in sorted(sens, key=lambda s: -s.noise)], held[:range_samples],
+                    groups=range_groups, keep=keep, validate=held[range_samples : 2 * range_samples],
+                )  # fmt: skip
+                config = _with_ranges(config, ranges)
         scorer = CandidateScorer(
             model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples,
             calib_feeds=calib,
@@ -148,6 +175,7 @@ def quantize_with_budget(
             else trials_per_round,
             order=order,
         )
+    result.ranges = ranges
     final_cfg = dataclasses.replace(
         config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
     )
@@ -159,7 +187,23 @@ def quantize_with_budget(
         f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
         f"on {result.eval_samples if result.chosen.full else len(scorer.feeds)} evaluation samples;\n"
         f"{result.chosen.raised} layer(s) raised to "
-        f"{result.precision}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
+        f"{result.precision}{_ranges_note(ranges)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
     )
     write_config(config_path, config, result.chosen.overrides, note)
     return final, result, config_path
+
+
+def _with_ranges(config: QuantConfig, ranges: RangeSearch) -> QuantConfig:
+    """``config`` with the searched ranges as TensorQuantOverrides (the user's own overrides win)."""
+    mine = dict(config.extra.tensor_quant_overrides or {})
+    merged = {**ranges.overrides, **mine}
+    return dataclasses.replace(config, extra=dataclasses.replace(config.extra, tensor_quant_overrides=merged))
+
+
+def _ranges_note(ranges: RangeSearch | None) -> str:
+    if ranges is None:
+        return ""
+    return (
+        f"; range search clipped {ranges.changed} of {len(ranges.choices)} group(s) "
+        f"(output noise {ranges.plain_noise:.4g} -> {ranges.noise:.4g})"
+    )
