@@ -152,11 +152,13 @@ def quantize_with_budget(
                     [s.tensors for s in sorted(sens, key=lambda s: -s.noise)], held[:range_samples],
                     groups=range_groups, keep=keep, validate=held[range_samples : 2 * range_samples],
                 )  # fmt: skip
-                config = _with_ranges(config, ranges)
+                unranged, config = config, _with_ranges(config, ranges)
         scorer = CandidateScorer(
             model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples,
             calib_feeds=calib,
         )  # fmt: skip
+        if ranges is not None and ranges.changed and not _ranges_help(scorer, unranged, metric):
+            config, ranges = unranged, None
         result = search_budget(
             scorer,
             baseline.report,
@@ -198,6 +200,34 @@ def _with_ranges(config: QuantConfig, ranges: RangeSearch) -> QuantConfig:
     mine = dict(config.extra.tensor_quant_overrides or {})
     merged = {**ranges.overrides, **mine}
     return dataclasses.replace(config, extra=dataclasses.replace(config.extra, tensor_quant_overrides=merged))
+
+
+def _ranges_help(scorer: CandidateScorer, unranged: QuantConfig, metric: str) -> bool:
+    """Rule: the searched ranges stay only when the quantized model with them (after the target's rules
+    and every algorithm of the config) scores at least as well on ``metric`` as without them: the search
+    judges output noise on a few samples, which can disagree with the task metric. Otherwise the
+    calibrated ranges are restored (``scorer`` too) and a warning says so."""
+    with_ranges = scorer.score({}).score
+    ranged_base = scorer.base
+    plain = unranged.extra.tensor_quant_overrides
+    scorer.base = dataclasses.replace(
+        ranged_base, extra=dataclasses.replace(ranged_base.extra, tensor_quant_overrides=plain)
+    )
+    without = scorer.score({}).score
+    if with_ranges >= without:
+        scorer.base = ranged_base
+        logger.info(
+            "range search: %s %.5f with the clipped ranges, %.5f without", metric, with_ranges, without
+        )
+        return True
+    logger.warning(
+        "range search: the clipped ranges lower %s on the search samples (%.5f -> %.5f); the calibrated "
+        "ranges are kept. Try more --calib samples, or leave --range-search off.",
+        metric,
+        without,
+        with_ranges,
+    )
+    return False
 
 
 def _ranges_note(ranges: RangeSearch | None) -> str:
