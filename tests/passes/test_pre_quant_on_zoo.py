@@ -21,6 +21,8 @@ EXPECTED = {
     "mobilenetv2-random": {"BatchNormalization": 0},
     "transformer-random": {"LayerNormalization": 4, "com.microsoft:Gelu": 2, "Erf": 0, "Sqrt": 0},
     "bert_encoder-random": {"LayerNormalization": 13, "com.microsoft:Gelu": 6, "Erf": 0, "Softmax": 6},
+    # the trained 4-layer classifier: embedding LayerNorm + 2 per layer, GELU fused, the pooler's Tanh kept
+    "bert_encoder": {"LayerNormalization": 9, "com.microsoft:Gelu": 4, "Erf": 0, "Softmax": 4, "Tanh": 1},
     "ppocr_det": {"BatchNormalization": 0, "Constant": 0},
     "ppocr_rec": {"BatchNormalization": 0, "Constant": 0},
     "ppocr_cls": {"BatchNormalization": 0, "Constant": 0},
