@@ -153,6 +153,19 @@ def emit_native_requant(
     return b.op(op_type, [t.name for t in terms], **attrs, domain=NATIVE_DOMAIN)
 
 
+def _fused_requant(requant: dict, channels: int) -> dict | None:
+    """The requantization attributes a fused kernel (QConv, QConv16, QDwConv) takes: one int64 term, the
+    per-channel ``mult``/``cnst``/``shift`` spelled out for each of ``channels``; None when ``requant``
+    has several terms, int128 products or a per-channel list of another length."""
+    if requant["terms"] != 1 or requant["wide"]:
+        return None
+    per = {k: list(requant[k]) for k in ("mult", "cnst", "shift")}
+    if any(len(v) not in (1, channels) for v in per.values()):
+        return None
+    per = {k: v * channels if len(v) == 1 else v for k, v in per.items()}
+    return {"mode": requant["mode"], "zs": requant["zs"], "lo": requant["lo"], "hi": requant["hi"], **per}
+
+
 def emit_qconv(
     b: Builder,
     x: str,
@@ -170,13 +183,11 @@ def emit_qconv(
     weights ``wm`` as (kh kw C, O) and the one-term uint8 ``requant`` attributes of ``native_requant_attrs``;
     None when they do not fit it (int128 products, several terms, or int32 sums that could overflow).
     ``wide``: ``QConv16`` (int32-stored 16-bit codes in, int32 codes out, ``requant`` for int32 storage)."""
-    if requant["terms"] != 1 or requant["wide"] or wm.shape[0] * 255 * 128 >= 1 << 31:
+    if wm.shape[0] * 255 * 128 >= 1 << 31:
         return None
-    o = wm.shape[1]
-    per = {k: list(requant[k]) for k in ("mult", "cnst", "shift")}
-    if any(len(v) not in (1, o) for v in per.values()):
+    fused = _fused_requant(requant, wm.shape[1])
+    if fused is None:
         return None
-    per = {k: v * o if len(v) == 1 else v for k, v in per.items()}
     return b.op(
         "QConv16" if wide else "QConv",
         [x, b.const(wm.astype(np.int8), np.int8, "w")],
@@ -185,11 +196,7 @@ def emit_qconv(
         pads=list(pads),
         dilations=list(dilations),
         x_zero_point=int(xzp),
-        mode=requant["mode"],
-        zs=requant["zs"],
-        lo=requant["lo"],
-        hi=requant["hi"],
-        **per,
+        **fused,
         domain=NATIVE_DOMAIN,
     )
 
@@ -264,13 +271,9 @@ def emit_qdwconv(
     """One ``QDwConv`` (depthwise sums and their requantization in one kernel) for an NHWC uint8 tensor and
     the one-term uint8 ``requant`` attributes of ``native_requant_attrs``; None when they do not fit it
     (int128 products or several terms: ``DwConv`` and a ``Requant`` then run it)."""
-    if requant["terms"] != 1 or requant["wide"]:
+    fused = _fused_requant(requant, w.shape[0])
+    if fused is None:
         return None
-    c = w.shape[0]
-    per = {k: list(requant[k]) for k in ("mult", "cnst", "shift")}
-    if any(len(v) not in (1, c) for v in per.values()):
-        return None
-    per = {k: v * c if len(v) == 1 else v for k, v in per.items()}
     return b.op(
         "QDwConv",
         [x],
@@ -280,11 +283,7 @@ def emit_qdwconv(
         pads=list(pads),
         dilations=list(dilations),
         x_zero_point=int(zp),
-        mode=requant["mode"],
-        zs=requant["zs"],
-        lo=requant["lo"],
-        hi=requant["hi"],
-        **per,
+        **fused,
         domain=NATIVE_DOMAIN,
     )
 
