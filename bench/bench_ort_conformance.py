@@ -36,6 +36,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from bench.header import host_lines
+
 logger = logging.getLogger(__name__)
 
 TEST_DIR = "onnxruntime/test/python/quantization"
@@ -236,6 +238,8 @@ def bench_ort_conformance(ctx: object) -> list[object]:
 
 def _print(result: ConformanceResult) -> None:
     ort, ours = len(result.ort_passed), len(result.zonnx_passed)
+    for line in host_lines():
+        print(f"- {line}")
     print(f"snapshot commit {result.commit}")
     print(f"passed with zonnx / passed with ORT: {ours} / {ort} ({100 * ours / max(ort, 1):.1f}%)")
     if result.failing:

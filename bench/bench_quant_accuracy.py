@@ -164,6 +164,17 @@ def _rec(tmp: Path, quick: bool) -> list[Measurement]:
 
 def bench_quant_accuracy(ctx: BenchContext) -> list[Measurement]:
     """Accuracy drop of zonnx's quantization on digits and PP-OCRv4 rec, with ORT's quantizer as peer."""
+    ctx.describe(
+        ["digits_cnn", "ppocr_rec"],
+        {
+            "digits calibration (calib split)": 32 if ctx.quick else 128,
+            "digits test (test split)": len(digits_data("test")[1]),
+            "rec calibration lines": 48,
+            "rec test lines": 40 if ctx.quick else 200,
+        },
+        {"rec lines": 11},
+        "digits: top-1 of a trained network; rec: character accuracy on rendered lines, per-channel u8s8",
+    )
     with tempfile.TemporaryDirectory(prefix="zonnx-bench-") as d:
         tmp = Path(d)
         return _digits(tmp, ctx.quick) + _rec(tmp, ctx.quick)

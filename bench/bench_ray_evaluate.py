@@ -91,6 +91,13 @@ def bench_ray_evaluate(ctx: BenchContext) -> list[Measurement]:
 
     lines = 8 if ctx.quick else 48
     repeat = 1 if ctx.quick else min(ctx.repeat, 3)
+    ctx.describe(
+        ["ppocr_rec", "mobilenetv2-random"],
+        {"rec lines": lines, "timed repeats": repeat, "calibration samples": 8 if ctx.quick else 32},
+        {"rec lines": 7},
+        "rec: float, fake-quant and zhouyi-x2 NPU models evaluated in batches of 4; MobileNetV2: "
+        "every float activation, percentile + moments, 2 shards",
+    )
     samples = rec_inputs(lines, seed=7)
     with tempfile.TemporaryDirectory(prefix="zonnx-bench-ray-") as tmp:
         models = _models(Path(tmp))

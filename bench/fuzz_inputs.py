@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from bench.fuzz_mutations import mutate
+from bench.header import host_lines
 
 #: (command template, the placeholders it reads); {D} is the case folder.
 COMMANDS: list[list[str]] = [
@@ -262,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="work folder to keep (failing cases stay there anyway)")
     parser.add_argument("--verbose", action="store_true", help="print every case with its last stderr line")
     ns = parser.parse_args(argv)
+    for line in host_lines():
+        print(f"- {line}")
     start = time.perf_counter()
     s = run_fuzz(ns.cases, ns.seed, jobs=ns.jobs, timeout=ns.timeout, only=ns.only, keep=ns.keep)
     if ns.verbose:

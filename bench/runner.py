@@ -336,6 +336,11 @@ REGISTRY: dict[str, Benchmark] = {
             "optimize --verify, compile and an NPU session",
         ),
         Benchmark(
+            "npu_estimate",
+            "bench.bench_npu_estimate:bench_npu_estimate",
+            "estimated NPU cycles, time and DDR traffic (zonnx profile's cost model) of the zoo CNNs per target",
+        ),
+        Benchmark(
             "cache_hash",
             "bench.bench_cache_hash:bench_cache_hash",
             "sha256 content key of a 604 MB external-data model (the NPU cache's source identity) vs ORT "
@@ -545,7 +550,15 @@ def to_markdown(results: Sequence[BenchResult], ctx: BenchContext | None = None)
     lines += ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
     for row in _rows(results):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    notes = note_lines(results)
+    if notes:
+        lines += ["", *(f"- {n}" for n in notes)]
     return "\n".join(lines) + "\n"
+
+
+def note_lines(results: Sequence[BenchResult]) -> list[str]:
+    """Each measurement's note, as "benchmark, measurement: note" (printed under the table)."""
+    return [f"note on {r.name}, {m.name}: {m.note}" for r in results for m in r.measurements if m.note]
 
 
 def to_json(results: Sequence[BenchResult], ctx: BenchContext) -> dict[str, Any]:
@@ -601,6 +614,8 @@ def main(argv: Sequence[str] | None = None, registry: Mapping[str, Benchmark] = 
         for line in header(results, ctx):
             console.print(line, markup=False, highlight=False)
         console.print(render_table(results))
+        for line in note_lines(results):
+            console.print(line, markup=False, highlight=False)
     if args.json:
         args.json.write_text(json.dumps(to_json(results, ctx), indent=2) + "\n")
     if any(r.error for r in results):

@@ -119,6 +119,9 @@ def test_markdown_json_and_table_output():
     assert got["ratio"] == pytest.approx(1.23456) and got["passed"] is True and got["peer"] == "ORT"
     table = runner.render_table(results)
     assert table.row_count == 2 and len(table.columns) == 7
+    noted = Measurement("acc", 0.5, "acc", HIGHER, note="float 0.9, 10 samples")
+    md = runner.to_markdown([runner.BenchResult("demo", [m, noted], 0.5)]).splitlines()
+    assert md[-2:] == ["", "- note on demo, acc: float 0.9, 10 samples"]  # notes follow the table
 
 
 def test_cli_writes_json_and_markdown(tmp_path, capsys):

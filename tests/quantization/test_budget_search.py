@@ -14,7 +14,7 @@ from tests.helpers import run_cli
 from zonnx import zoo
 from zonnx.errors import OptionError
 from zonnx.quantization.api import build_config
-from zonnx.quantization.search.budget import search_precision
+from zonnx.quantization.search.budget import confirm_sizes, search_precision
 from zonnx.quantization.search.executor import LocalExecutor
 from zonnx.quantization.search.run import quantize_with_budget
 from zonnx.zoo.digits import digits_data
@@ -83,6 +83,31 @@ def test_two_probes_per_round_find_the_same_choice_in_fewer_rounds(digits: Path,
         quantize_with_budget(
             digits, tmp_path / "w0.onnx", _feeds(32), _config(), trials_per_round=0, **kwargs
         )
+
+
+def test_confirm_sizes_grow_by_half_up_to_the_limit() -> None:
+    assert confirm_sizes(4, 100, 1) == [4]
+    assert confirm_sizes(4, 100, 3) == [4, 6, 9]
+    assert confirm_sizes(1, 100, 3) == [1, 2, 3]
+    assert confirm_sizes(8, 10, 4) == [8, 10]  # stops at the limit
+    assert confirm_sizes(12, 10, 2) == [10]
+
+
+def test_confirmation_on_all_samples_picks_the_same_with_two_probes_per_round(
+    digits: Path, tmp_path: Path
+) -> None:
+    kwargs = dict(budget=0.0, metric="cosine", eval_feeds=_feeds(16, 100), max_layers=12, search_samples=4)
+    probe = quantize_with_budget(digits, tmp_path / "c0.onnx", _feeds(32), _config(), **kwargs)[1]
+    # a threshold midway between the baseline and every layer raised (on the 4 search samples): met by a search
+    top = probe.candidates[0].score
+    assert top > probe.baseline.score
+    kwargs["budget"] = 100 * (probe.float_score - (top + probe.baseline.score) / 2)
+    one = quantize_with_budget(digits, tmp_path / "c1.onnx", _feeds(32), _config(), **kwargs)[1]
+    two = quantize_with_budget(digits, tmp_path / "c2.onnx", _feeds(32), _config(), executor=CountingExecutor(),
+                               trials_per_round=2, **kwargs)[1]  # fmt: skip
+    assert one.chosen.full and two.chosen.full  # the choice was confirmed on all 16 samples
+    assert two.chosen.raised == one.chosen.raised and two.chosen.score == one.chosen.score
+    assert two.met == one.met
 
 
 def test_the_written_config_reproduces_the_choice_without_searching(digits: Path, tmp_path: Path) -> None:

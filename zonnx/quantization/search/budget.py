@@ -34,7 +34,7 @@ edit and re-run without searching.
 
 from __future__ import annotations
 
-__all__ = ["BudgetResult", "search_budget", "write_config", "search_precision"]
+__all__ = ["BudgetResult", "confirm_sizes", "search_budget", "write_config", "search_precision"]
 
 import dataclasses
 import json
@@ -185,7 +185,8 @@ def search_budget(
                 low = max([k for k, c in scored.items() if c.score < threshold and k < high], default=low)
             best = next(c for c in candidates if c.raised == high and c.score >= threshold)
             if scorer.subset:
-                best = _confirm(scorer, order, high, precision, threshold, candidates, progress)
+                best = _confirm(scorer, order, high, (precision, threshold), candidates, progress,
+                                runner, trials_per_round)  # fmt: skip
     met = best.score >= threshold
     share = best.npu_mac_share
     if not met and share is not None and share < min_npu_share:
@@ -236,24 +237,43 @@ def search_budget(
     )
 
 
+def confirm_sizes(k: int, limit: int, count: int) -> list[int]:
+    """``count`` prefix sizes from ``k``, each the previous grown by half (at least 1), capped at ``limit``."""
+    sizes = [min(limit, k)]
+    while len(sizes) < count and sizes[-1] < limit:
+        sizes.append(min(limit, sizes[-1] + max(1, sizes[-1] // 2)))
+    return sizes
+
+
 def _confirm(
     scorer: CandidateScorer,
     order: Sequence[str],
     k: int,
-    precision: str,
-    threshold: float,
+    rule: tuple[str, float],
     candidates: list[Candidate],
     progress: Callable[[str, Candidate | None], None] | None,
+    runner: Executor,
+    per_round: int,
 ) -> Candidate:
-    """Score the first ``k`` layers raised on every evaluation sample; grow k by half until it meets."""
+    """Score the first ``k`` layers raised (``rule``: precision, threshold) on every evaluation sample,
+    growing k by half until it meets; each round scores ``per_round`` growing sizes at once on ``runner``
+    and keeps the smallest that meets (so the choice is the same whatever ``per_round`` is)."""
+    precision, threshold = rule
     while True:
-        cand = scorer.score({n: precision for n in order[:k]}, full=True)
-        candidates.append(cand)
-        if progress:
-            progress(f"top {k} raised, all {len(scorer.full.feeds)} samples", cand)
-        if cand.score >= threshold or k >= len(order):
-            return cand
-        k = min(len(order), k + max(1, k // 2))
+        sizes = confirm_sizes(k, len(order), per_round)
+        found = list(
+            runner.map(
+                lambda o: scorer.score(o, full=True), [{n: precision for n in order[:s]} for s in sizes]
+            )
+        )
+        for size, cand in zip(sizes, found, strict=True):
+            candidates.append(cand)
+            if progress:
+                progress(f"top {size} raised, all {len(scorer.full.feeds)} samples", cand)
+        for size, cand in zip(sizes, found, strict=True):
+            if cand.score >= threshold or size >= len(order):
+                return cand
+        k = min(len(order), sizes[-1] + max(1, sizes[-1] // 2))
 
 
 def _toml_value(value: Any) -> str:
