@@ -10,6 +10,12 @@ the ratio ours / peer is the speed-up. ``--quick``: 8 lines and 1 repeat.
 Second figure, on the same Ray: calibration of MobileNetV2 (random weights, 224x224; every float
 activation, percentile + moments, so histograms too) on 32 samples (8 with ``--quick``) in 2 shards
 (``collect_sharded``) against the one-process ``collect``; the statistics must be equal bit for bit.
+
+Third figure: the accuracy-budget search (``quantize_with_budget``, digits CNN, per-channel int8 with
+``QuantPlacement`` kernels, cosine, 32 calibration and 16 evaluation samples) with its trials on the
+same Ray (2 probes per round, one per worker) against the same search in process with 2 probes per round:
+the same candidates in the same order (checked every run), so the work is equal. Figure: searches per
+minute, including quantizing and the baseline, which do not run on Ray.
 """
 
 from __future__ import annotations
@@ -84,6 +90,34 @@ def _calibration(ctx: BenchContext, ray: object) -> Measurement:
                        peer_value=n / peer.median, note=note)  # fmt: skip
 
 
+def _search(ctx: BenchContext, ray: object, work: Path) -> Measurement:
+    from zonnx import zoo
+    from zonnx.quantization.api import build_config
+    from zonnx.quantization.calibration.readers import ListReader
+    from zonnx.quantization.search.run import quantize_with_budget
+
+    path, feeds = zoo.get("digits_cnn"), zoo.sample_inputs("digits_cnn", 32)
+    cfg = build_config(per_channel=True, extra_options={"QuantPlacement": "kernels"})
+    kw = dict(budget=0.002, metric="cosine", eval_feeds=zoo.sample_inputs("digits_cnn", 16, seed=5))
+    found = {}
+
+    def search(tag: str, executor: object) -> None:
+        extra = {"executor": executor} if executor is not None else {"trials_per_round": 2}
+        found[tag] = quantize_with_budget(path, work / f"{tag}.onnx", ListReader(feeds), cfg, **kw, **extra)[
+            1
+        ]
+
+    repeat = 1 if ctx.quick else min(ctx.repeat, 3)
+    ours, peer = BenchContext(repeat, 1, ctx.quick).time_pair(lambda: search("ray", ray),
+                                                             lambda: search("local", None))  # fmt: skip
+    ray_c, local_c = ([(c.raised, c.score) for c in found[k].candidates] for k in ("ray", "local"))
+    if ray_c != local_c:
+        raise AssertionError(f"the search on Ray scored other candidates: {ray_c} vs {local_c}")
+    note = f"digits_cnn, {len(local_c)} candidates, {found['local'].chosen.raised} layer(s) raised; equal both ways"
+    return Measurement("budget search, trials on 2 Ray workers", 60 / ours.median, "searches/min", HIGHER,
+                       peer="in process, 2 probes per round", peer_value=60 / peer.median, note=note)  # fmt: skip
+
+
 def bench_ray_evaluate(ctx: BenchContext) -> list[Measurement]:
     from zonnx.deploy.evaluate import RayExecutor, evaluate_models
     from zonnx.quantization.search.executor import LocalExecutor
@@ -92,7 +126,7 @@ def bench_ray_evaluate(ctx: BenchContext) -> list[Measurement]:
     lines = 8 if ctx.quick else 48
     repeat = 1 if ctx.quick else min(ctx.repeat, 3)
     ctx.describe(
-        ["ppocr_rec", "mobilenetv2-random"],
+        ["ppocr_rec", "mobilenetv2-random", "digits_cnn"],
         {"rec lines": lines, "timed repeats": repeat, "calibration samples": 8 if ctx.quick else 32},
         {"rec lines": 7},
         "rec: float, fake-quant and zhouyi-x2 NPU models evaluated in batches of 4; MobileNetV2: "
@@ -111,6 +145,7 @@ def bench_ray_evaluate(ctx: BenchContext) -> list[Measurement]:
             ours, peer = BenchContext(repeat, 1, ctx.quick).time_pair(lambda: run(ray, "ray"),
                                                                      lambda: run(LocalExecutor(), "local"))  # fmt: skip
             calibration = _calibration(ctx, ray)
+            search = _search(ctx, ray, Path(tmp))
         finally:
             ray.close()
     same = results["ray"]["scores"] == results["local"]["scores"]
@@ -128,4 +163,5 @@ def bench_ray_evaluate(ctx: BenchContext) -> list[Measurement]:
             note=note,
         ),  # fmt: skip
         calibration,
+        search,
     ]
