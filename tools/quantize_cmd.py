@@ -11,10 +11,8 @@ from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from zonnx.errors import OptionError
-from zonnx.inspection.render import PLAIN_BOX
 from zonnx.ir.io import load_proto
 from zonnx.paths import refuse_overwrites, target_file
 from zonnx.quantization.api import build_config, quantize_static
@@ -24,6 +22,7 @@ from zonnx.tools.console import console, err_console
 from zonnx.tools.options import parse_input_shapes, parse_name_list
 from zonnx.tools.quantize_budget import run_budget_search
 from zonnx.tools.quantize_ray import quantize_executor
+from zonnx.tools.quantize_summary import summary_table
 
 
 def _floats(value: str | None, what: str) -> tuple[float, ...] | None:
@@ -48,70 +47,6 @@ def _extra(values: list[str] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = raw
     return out
-
-
-_PLURAL = {"activation": "activations", "weight": "weights", "bias": "biases"}
-
-
-def _summary(result: Any, seconds: float, output: Path) -> Table:
-    cfg = result.config
-    table = Table(title="quantization", box=PLAIN_BOX, title_justify="left")
-    table.add_column("item")
-    table.add_column("value")
-    rows = [
-        ("output", str(output)),
-        ("format", getattr(cfg.quant_format, "name", str(cfg.quant_format))),
-        ("calibration", getattr(cfg.calibrate_method, "name", str(cfg.calibrate_method))),
-        (
-            "types",
-            f"activations {cfg.activation_type}, weights {cfg.weight_type}"
-            + (", per channel" if cfg.per_channel else ""),
-        ),
-        ("placement", cfg.extra.quant_placement if not cfg.extra.target else f"target {cfg.extra.target}"),
-        ("opset", str(result.opset)),
-        ("quantized", ", ".join(f"{v} {_PLURAL.get(k, k)}" for k, v in sorted(result.counts.items()))),
-        ("nodes left float", str(len(result.plan.skipped))),
-        *_recovery_rows(result),
-        ("time", f"{seconds:.2f} s"),
-    ]
-    if result.refinement is not None:
-        changes = result.refinement.counts
-        rows.append(
-            ("target rules", ", ".join(f"{k} x{v}" for k, v in changes.most_common()) or "no change needed")
-        )
-    for name, record in result.recovery.items():
-        if name == "smooth_quant":
-            continue  # a row of its own (_recovery_rows)
-        if name == "fast_finetune":
-            before = sum(o.loss_before for o in record.layers)
-            after = sum(o.loss_after if o.kept else o.loss_before for o in record.layers)
-            rows.append(
-                (
-                    "fast finetune",
-                    f"{record.algorithm}: {record.tuned} layers on {record.samples} samples, layer MSE "
-                    f"{before:.4g} -> {after:.4g}, {record.seconds:.1f} s",
-                )
-            )
-        else:
-            rows.append(
-                (name.replace("_", " "), record.summary() if hasattr(record, "summary") else str(record))
-            )
-    for key, value in rows:
-        table.add_row(key, value)
-    return table
-
-
-def _recovery_rows(result: Any) -> list[tuple[str, str]]:
-    sq = result.recovery.get("smooth_quant")
-    if not sq:
-        return []
-    return [
-        (
-            "smooth quant",
-            f"alpha {sq['alpha']:g}: {sq['smoothed']} activations ({sq['folded']} folded, "
-            f"{sq['inserted']} Mul inserted)",
-        )
-    ]
 
 
 def _target_defaults(target: str | None) -> dict:
@@ -445,7 +380,7 @@ def quantize(
         ctx.call_on_close(executor.close)
     if accuracy_budget is not None:
         run_budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
-                          search_layers, measure_layers, strict, _summary,
+                          search_layers, measure_layers, strict, summary_table,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,
                           range_search=range_search)  # fmt: skip
@@ -464,7 +399,7 @@ def quantize(
         task = bar.add_task("calibrating", total=total)
         result = quantize_static(model, output, reader, config=cfg, progress=lambda _b: bar.advance(task),
                                  calibration_executor=executor)  # fmt: skip
-    console.print(_summary(result, time.perf_counter() - start, output))
+    console.print(summary_table(result, time.perf_counter() - start, output))
     if result.prequant is not None:
         from zonnx.quantization.prequant.render import render_retarget
 
