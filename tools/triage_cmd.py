@@ -15,6 +15,7 @@ from zonnx.paths import refuse_overwrites
 from zonnx.quantization.search.run import read_feeds
 from zonnx.quantization.sources import reader_from_source
 from zonnx.quantization.triage import triage as run_triage
+from zonnx.quantization.triage_remedies import REMEDIES
 from zonnx.tools.console import console, err_console
 
 
@@ -33,7 +34,7 @@ def triage(
 ) -> None:
     """Find, by bisection over the activation quantizers in topological order, the first one that breaks
     the output and the smallest set whose float fall-back brings the score back over the tolerance;
-    for each, the score with only it in float. Exit 1 when the set found does not reach the tolerance."""
+    for each, the score with only it changed by each remedy (float, 16 bits, its range searched again). Exit 1 when the set found does not reach the tolerance."""
     if limit < 1 or max_culprits < 1:
         raise OptionError("--limit and --max-culprits must be at least 1.")
     refuse_overwrites({"FLOAT": float_model, "QUANT": quant_model}, {})
@@ -49,10 +50,12 @@ def triage(
         box=PLAIN_BOX,
         title_justify="left",
     )
-    for col in ("#", "tensor", f"{metric} with it alone in float"):
+    for col in ("#", "tensor", *(f"{metric}: {r} alone" for r in REMEDIES), "best remedy"):
         table.add_column(col)
     for i, site in enumerate(result.culprits, 1):
-        table.add_row(str(i), escape(site.tensor), f"{result.alone[site.tensor]:.5f}")
+        tried = result.remedies.get(site.tensor, {"float": result.alone[site.tensor]})
+        cells = [f"{tried[r]:.5f}" if r in tried else "n/a" for r in REMEDIES]
+        table.add_row(str(i), escape(site.tensor), *cells, result.best_remedy(site.tensor) or "-")
     console.print(table)
     if result.activations_off is not None:
         console.print(
@@ -68,8 +71,9 @@ def triage(
         return
     console.print(
         f"first divergent tensor: {result.first.tensor}; with the {len(result.culprits)} above in float: "
-        f"{metric} {result.recovered:.5f}. Leave their readers float (zonnx quantize --exclude NODE), give them "
-        "16 bits (--config, per-node activation_type) or let `zonnx quantize --accuracy-budget` choose.",
+        f"{metric} {result.recovered:.5f}. Apply each one's best remedy: float (zonnx quantize --exclude NODE), "
+        "16-bit (--config, per-node activation_type int16), range (--config TensorQuantOverrides, or "
+        "--range-search), or let `zonnx quantize --accuracy-budget` choose.",
         markup=False,
         soft_wrap=True,
     )

@@ -14,7 +14,9 @@ from tests.helpers import run_cli
 from zonnx import zoo
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
+from zonnx.quantization.enums import PowerOfTwoMethod, VitisQuantFormat
 from zonnx.quantization.triage import bypass, find_sites, triage
+from zonnx.quantization.triage_remedies import site_values, with_16_bits, with_range
 from zonnx.zoo.digits import digits_data
 
 
@@ -58,7 +60,41 @@ def test_bisection_names_a_broken_quantizer_first(digits: Path) -> None:
     assert result.baseline < 0.999
     assert result.first is not None and result.first.tensor == victim
     assert result.recovered >= 0.999 and result.alone[victim] >= 0.999
-    assert result.runs <= 2 + 2 * len(sites).bit_length() + len(result.culprits) * 2
+    # bisection, then per culprit: the recovered score, float alone, and the other two remedies
+    assert result.runs <= 2 + 2 * len(sites).bit_length() + len(result.culprits) * 4
+    tried = result.remedies[victim]
+    assert set(tried) == {"float", "16-bit", "range"} and tried["float"] == result.alone[victim]
+    # 16 bits over the same (300x too wide) range keep 256x finer steps; the range searched again on the
+    # samples finds the tensor's own span: both bring the output back near float
+    assert tried["range"] >= 0.999 and tried["16-bit"] > result.baseline
+    assert result.best_remedy(victim) in tried
+
+
+def test_remedies_on_a_power_of_two_model_change_only_that_site(digits: Path) -> None:
+    quant = zonnx.quantize_static(
+        digits, None, ListReader(_feeds(16)), quant_format=VitisQuantFormat.FixNeuron,
+        calibrate_method=PowerOfTwoMethod.MinMSE,
+    ).model  # fmt: skip
+    site = find_sites(quant)[2]
+    wide = with_16_bits(quant, site.nodes)
+    fix = {n.name: n for n in wide.graph.node}[site.nodes[0]]
+    before = {n.name: n for n in quant.graph.node}[site.nodes[0]]
+    pos = {a.name: onnx.helper.get_attribute_value(a) for a in before.attribute}["pos"]
+    got = {a.name: onnx.helper.get_attribute_value(a) for a in fix.attribute}
+    assert got["bit_width"] == 16 and got["pos"] == pos + 8
+    assert with_16_bits(wide, site.nodes) is None  # already 16 bits: not applicable
+    values = site_values(quant, site.tensor, _feeds(4, 200))
+    ranged = with_range(quant, site.nodes, values)
+    changed = [
+        a.SerializeToString() != b.SerializeToString()
+        for a, b in zip(quant.graph.node, ranged.graph.node, strict=True)
+    ]
+    assert sum(changed) <= 1  # only the site's FixNeuron (its position) may change
+    new_pos = {
+        a.name: onnx.helper.get_attribute_value(a)
+        for a in {n.name: n for n in ranged.graph.node}[site.nodes[0]].attribute
+    }["pos"]
+    assert pos - 1 <= new_pos <= pos + 3
 
 
 def test_bypassing_every_site_leaves_no_reader_of_a_rounded_activation(digits: Path) -> None:
@@ -86,6 +122,7 @@ def test_the_cli_reports_the_first_divergent_tensor(digits: Path, tmp_path: Path
     )
     assert proc.returncode == 0, proc.stderr
     assert f"first divergent tensor: {victim}" in proc.stdout
+    assert "best remedy" in proc.stdout and "16-bit" in proc.stdout
 
 
 def test_a_float_model_has_nothing_to_triage(digits: Path) -> None:

@@ -15,8 +15,9 @@ Bisection (Compass's fake-quant debug scopes, done automatically):
 3. Bypass the culprit for good and search again, until the model with the culprits bypassed meets the
    tolerance or ``max_culprits`` are found: the culprits are a small set whose float fall-back
    recovers the output.
-4. For each culprit, the remedy tried: its tensor alone in float (the score of the full model with
-   only that site bypassed), which tells how much it is worth.
+4. For each culprit, the remedies tried on it alone (``triage_remedies``): float (the site bypassed),
+   16 bits over the same range, and its range searched again on the triage samples; each scored on the
+   full model with only that site changed, so the user sees which one recovers it and how much.
 
 When even every activation quantizer bypassed misses the tolerance, the weights cause the loss (per-tensor
 weights with very uneven channels, typically): triage says so with that score instead of bisecting.
@@ -38,6 +39,7 @@ import onnx
 from zonnx.errors import OptionError
 from zonnx.metrics.evaluate import FloatReference
 from zonnx.quantization.formats.remove_activations import METADATA_KEY as REMOVED_KEY
+from zonnx.quantization.triage_remedies import site_values, with_16_bits, with_range
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,16 @@ class TriageResult:
     alone: dict[str, float]
     runs: int
     activations_off: float | None = None  # the score with every activation quantizer bypassed, when it misses
+    #: Per culprit tensor, the score with each remedy tried on it alone (``triage_remedies.REMEDIES``).
+    remedies: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    def best_remedy(self, tensor: str) -> str | None:
+        """The remedy with the highest score for ``tensor``; among ties the cheapest (REMEDIES is dearest last)."""
+        tried = self.remedies.get(tensor, {})
+        if not tried:
+            return None
+        cost = {"range": 0, "16-bit": 1, "float": 2}
+        return max(tried, key=lambda r: (tried[r], -cost.get(r, 3)))
 
     @property
     def first(self) -> Site | None:
@@ -220,6 +232,17 @@ def triage(
         current = score(bypass(quant_model, culprits))
         say(f"culprit {len(culprits)}: {culprit.tensor} -> {metric} {current:.5f} with it in float")
     alone = {c.tensor: score(bypass(quant_model, [c])) for c in culprits}
+    remedies = {}
+    for c in culprits:
+        tried = {"float": alone[c.tensor]}
+        wide = with_16_bits(quant_model, c.nodes)
+        if wide is not None:
+            tried["16-bit"] = score(wide)
+        ranged = with_range(quant_model, c.nodes, site_values(quant_model, c.tensor, reference.feeds))
+        if ranged is not None:
+            tried["range"] = score(ranged)
+        remedies[c.tensor] = tried
+        say(f"remedies for {c.tensor}: " + ", ".join(f"{k} {v:.5f}" for k, v in tried.items()))
     return TriageResult(
-        metric, tolerance, len(sites), baseline, culprits, current, alone, runs, activations_off
+        metric, tolerance, len(sites), baseline, culprits, current, alone, runs, activations_off, remedies
     )
