@@ -22,7 +22,9 @@ metric of the float model against itself, e.g. 1.0 for cosine, top1 and char-acc
 4. Confirmation: when candidates were scored on a subset of the evaluation samples
    (``search_samples``), the choice is scored again on all of them; while it misses the threshold
    there, more layers are raised (k grows by half, up to the whole order), each scored on all samples.
-5. NPU share: with ``min_npu_share``, a choice whose share of MACs on the NPU (the partitioner's,
+5. NPU share: with ``min_npu_share`` and float fall-back, the order first keeps only layers whose MACs
+   together stay within ``1 - min_npu_share`` of the model's (``mac_allowance.py``), so probes respect
+   the share by construction. A choice whose share of MACs on the NPU (the partitioner's,
    after the inputs' dims are fixed) is below it does not meet the budget: float layers run on the
    CPU and split the graph. The search says so; raise int16 layers on a target that has int16.
 6. Every candidate goes into the table; when none meets the budget the best one is kept (and said),
@@ -49,6 +51,7 @@ import numpy as np
 from zonnx.errors import OptionError
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.executor import Executor, LocalExecutor
+from zonnx.quantization.search.mac_allowance import node_macs_by_name, within_mac_allowance
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import layer_sensitivity, rank_layers
 
@@ -143,6 +146,9 @@ def search_budget(
             if order is not None
             else rank_layers(baseline_report, prepared, quantized_nodes, len(quantized_nodes))
         )
+        if precision == "float" and min_npu_share > 0 and scorer.base.extra.target:
+            macs = node_macs_by_name(prepared, scorer.input_shapes)
+            ranked = within_mac_allowance(ranked, macs, min_npu_share)
         order = ranked[
             : min(max_layers, len(ranked) - 1)
         ]  # raising every layer would leave nothing quantized

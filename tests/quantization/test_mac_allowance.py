@@ -1,0 +1,32 @@
+"""The float fall-back search keeps its layers within the NPU's share of MACs from the start."""
+
+from __future__ import annotations
+
+import onnx
+
+from zonnx import zoo
+from zonnx.quantization.search.mac_allowance import node_macs_by_name, within_mac_allowance
+
+
+def test_macs_by_name_count_the_ppocr_recognizer_at_a_fixed_width() -> None:
+    model = onnx.load(zoo.get("ppocr_rec"))
+    macs = node_macs_by_name(model, {"x": (1, 3, 48, 320)})
+    convs = [n.name for n in model.graph.node if n.op_type == "Conv"]
+    assert convs and all(macs[c] and macs[c] > 0 for c in convs)
+    assert all(macs[n.name] == 0 for n in model.graph.node if n.op_type in ("Add", "Softmax", "HardSwish"))
+
+
+def test_the_walk_skips_layers_over_the_allowance_and_keeps_cheap_ones_after_them() -> None:
+    model = onnx.load(zoo.get("ppocr_rec"))
+    macs = node_macs_by_name(model, {"x": (1, 3, 48, 320)})
+    total = sum(m for m in macs.values() if m)
+    biggest = max(macs, key=lambda n: macs[n] or 0)
+    cheap = [n.name for n in model.graph.node if n.op_type == "Add"][:5]
+    order = [biggest, *cheap]
+    kept = within_mac_allowance(order, macs, 0.9)
+    assert macs[biggest] > 0.1 * total  # the largest layer alone holds more than the allowance
+    assert kept == cheap  # skipped, and the MAC-free layers behind it still kept
+    everything = within_mac_allowance(list(macs), macs, 0.9)
+    assert sum(macs[n] or 0 for n in everything) <= 0.1 * total
+    assert within_mac_allowance(order, macs, 0.0) == order  # no share asked: nothing left out
+    assert within_mac_allowance(["unknown", *cheap], {**macs, "unknown": None}, 0.5) == cheap

@@ -1,0 +1,73 @@
+"""Keep a float fall-back search within the NPU's share of MACs before it starts.
+
+On a target without int16 a raised layer runs in float on the CPU. With ``min_npu_share`` s, the layers
+raised together may hold at most ``(1 - s)`` of the model's MACs. Rule: walk the search order (most
+sensitive first) and keep a layer when the MACs already kept plus its own stay within that allowance;
+a layer over it is skipped and the walk goes on, so cheap layers further down (elementwise ops, Softmax,
+LayerNorm pieces: no MACs) still get their turn. A layer whose MACs cannot be counted (shapes unknown)
+is skipped. Without this, the search's "every layer raised" probe can hold most of the MACs, miss the
+share and end the search with nothing.
+
+The partitioner's share can still differ a little (a float layer can strand a small NPU subgraph below
+the minimum size); the search checks each choice's real share afterwards.
+"""
+
+from __future__ import annotations
+
+__all__ = ["node_macs_by_name", "within_mac_allowance"]
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import onnx
+
+from zonnx.inspection.macs import MAC_OPS, fix_input_shapes, node_macs
+from zonnx.inspection.shapes import infer, shape_skeleton, value_types
+
+logger = logging.getLogger(__name__)
+
+
+def node_macs_by_name(
+    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, int | None]:
+    """MACs of every main-graph node (0 for ops without a MAC rule, None when shapes are unknown); the
+    inputs' dims fixed to ``input_shapes`` with the shape arithmetic folded, as the compiler does."""
+    if input_shapes:
+        from zonnx.backend.compile_api import fix_input_shapes as fix_and_fold
+
+        model = fix_and_fold(model, input_shapes)
+    skeleton = shape_skeleton(model)
+    fix_input_shapes(skeleton, 1, input_shapes)
+    inferred, _ = infer(skeleton)
+    types = value_types(inferred if inferred is not None else skeleton)
+    out: dict[str, int | None] = {}
+    for node in model.graph.node:
+        key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+        out[node.name] = node_macs(node, types)[0] if key in MAC_OPS else 0
+    return out
+
+
+def within_mac_allowance(
+    order: Sequence[str], macs: Mapping[str, int | None], min_npu_share: float
+) -> list[str]:
+    """The layers of ``order`` the walk of the module docstring keeps, in order."""
+    total = sum(m for m in macs.values() if m)
+    allowance = (1.0 - min_npu_share) * total
+    kept, used, skipped = [], 0, []
+    for name in order:
+        cost = macs.get(name, 0)
+        if cost is None or used + cost > allowance:
+            skipped.append(name)
+            continue
+        kept.append(name)
+        used += cost
+    if skipped:
+        logger.info(
+            "float fall-back search: %d of %d layers left out of the order, to keep at least %.0f%% of MACs on "
+            "the NPU (the kept ones hold %.1f%% of MACs)",
+            len(skipped),
+            len(order),
+            100 * min_npu_share,
+            100 * used / total if total else 0.0,
+        )
+    return kept
