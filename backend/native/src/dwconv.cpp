@@ -194,7 +194,7 @@ struct DwVnni {
 
   DwVnni(const DwCore& core, const std::vector<int64_t>& mult, const std::vector<int64_t>& cnst,
          const std::vector<int64_t>& shift, const std::vector<int64_t>& addend, const std::vector<int64_t>& bmask,
-         int kind) {
+         int kind, int64_t zs) {
     const int64_t c = core.channels;
     pair = c == 32;
     taps = core.kh * core.kw;
@@ -241,7 +241,7 @@ struct DwVnni {
     }
     zrow.assign(padded, static_cast<uint8_t>(core.zp));
     vkind = kind;
-    if (!m32.empty() && f64.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xm.data(), kind))
+    if (!m32.empty() && f64.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xm.data(), kind, zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
   }
 
@@ -295,6 +295,14 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_pix
       q3 = _mm512_dpbusd_epi32(q3, _mm512_unpackhi_epi16(ab1, cd1), _mm512_loadu_si512(wb + 192));
     }
     const RqArgs rq = v.args(bl, zs, lo, hi);
+    if constexpr (KIND == kF64Floor || KIND == kF64Even) {
+      // pack64_u8 puts the values 4 L .. 4 L + 3 of q0, q1, q2, q3 in 128-bit lane L: channels 16 L + 4 q + e
+      // in q, e order, which is channel order
+      const __m512i out = pack64_u8(rq16_f64_values<KIND>(q0, rq, 0), rq16_f64_values<KIND>(q1, rq, 16),
+                                    rq16_f64_values<KIND>(q2, rq, 32), rq16_f64_values<KIND>(q3, rq, 48), rq);
+      _mm512_mask_storeu_epi8(y + c0, mask, out);
+      continue;
+    }
     // r[q] lane 4 L + e is channel 16 L + 4 q + e: transpose the 4 x 4 groups of 4 bytes
     const __m128i r0 = _mm512_cvtepi32_epi8(M32 ? rq16_32_values<KIND>(q0, rq, 0) : rq16_values<KIND>(q0, rq, 0));
     const __m128i r1 = _mm512_cvtepi32_epi8(M32 ? rq16_32_values<KIND>(q1, rq, 16) : rq16_values<KIND>(q1, rq, 16));
@@ -359,7 +367,7 @@ struct QDwConvKernel {
       bmask.push_back(rp.bmask);
     }
     if (qconv_isa() == 2) {
-      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind);
+      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind, zs);
       pixel = dw_vnni_for(vnni->vkind, !vnni->m32.empty(), kOne);
       if (vnni->pair) pair = dw_vnni_for(vnni->vkind, !vnni->m32.empty(), core.sw == 1 ? kPairRun : kPairSplit);
     }
