@@ -1,6 +1,9 @@
-"""The packed float64 requantization of QConv and QDwConv (``pack64_u8`` in ``rq_avx512.h``: int16 then
-uint8 saturation, then the [lo, hi] clamp) equals the numpy formula where the rounded values leave the
-int16 range on both sides, for output zero points up to 300 and clamps narrower than [0, 255]."""
+"""The float64 requantization forms of the native kernels equal the numpy formula: QConv and QDwConv's
+packed store (``pack64_u8`` in ``rq_avx512.h``: int16 then uint8 saturation, then the [lo, hi] clamp) where
+the rounded values leave the int16 range on both sides, for output zero points up to 300 and clamps
+narrower than [0, 255]; RequantU8's two-term form (``requant_f64.cpp``, the residual adds) in every
+rounding mode on exact ties, 31-bit multipliers of both signs, per-tensor and per-channel (channels last and
+NCHW) parameters, saturation at both ends and lengths that are no multiple of 16."""
 
 from __future__ import annotations
 
@@ -12,18 +15,25 @@ from tests.backend.native_support import lowered_session
 from zonnx.backend.compiler import quantize_multiplier
 from zonnx.backend.compiler.requant import ROUND_MODES, requantize
 from zonnx.backend.runtime.ort_kernels import Builder, Term, storage_of
-from zonnx.backend.runtime.ort_native import NATIVE_DOMAIN, emit_qconv, emit_qdwconv, native_requant_attrs
+from zonnx.backend.runtime.ort_native import (
+    NATIVE_DOMAIN,
+    emit_native_requant,
+    emit_qconv,
+    emit_qdwconv,
+    native_requant_attrs,
+)
 
 pytestmark = pytest.mark.exactness
 
 
-def _run(b: Builder, out: str, x: np.ndarray) -> np.ndarray:
-    """The lowered one-node model run on the native library."""
+def _run(b: Builder, out: str, x: np.ndarray, x2: np.ndarray | None = None) -> np.ndarray:
+    """The lowered one-node model run on the native library (inputs ``x`` and, if given, ``x2``)."""
     b.op("Identity", [out], "y")
+    names = ["x"] if x2 is None else ["x", "x2"]
     g = helper.make_graph(
         b.nodes,
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.UINT8, None)],
+        [helper.make_tensor_value_info(n, TensorProto.UINT8, None) for n in names],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
         b.initializers,
     )
@@ -31,7 +41,8 @@ def _run(b: Builder, out: str, x: np.ndarray) -> np.ndarray:
         g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NATIVE_DOMAIN, 1)]
     )
     model.ir_version = 10
-    return lowered_session(model, True).run(None, {"x": x})[0]
+    feeds = {"x": x} if x2 is None else {"x": x, "x2": x2}
+    return lowered_session(model, True).run(None, feeds)[0]
 
 
 def _attrs(m: np.ndarray, s: np.ndarray, bias: np.ndarray, mode: str, zs: int, lo: int, hi: int, k: int):
@@ -103,3 +114,35 @@ def test_qdwconv_packed_requant_saturates_exactly(c: int, stride: int, zs: int, 
         )
         assert y is not None and [n.op_type for n in b.nodes] == ["QDwConv"]
         _check(_run(b, y, x), acc, m, s, bias, mode, zs, lo, hi)
+
+
+@pytest.mark.parametrize("layout", ["tensor", "last", "nchw"])
+@pytest.mark.parametrize("scale", ["ties", "wide"])
+def test_requant_two_terms_float64_form(layout: str, scale: str) -> None:
+    """RequantU8 of two uint8 terms: ``ties`` (small multipliers, shifts 1 .. 3: many exact halves) and
+    ``wide`` (31-bit multipliers of both signs, shifts 29 .. 31); per-tensor or 24 channels."""
+    rng = np.random.default_rng(7)
+    shape = (1, 24, 5, 7) if layout == "nchw" else (1, 5, 7, 24)
+    a, c = (rng.integers(0, 256, size=shape).astype(np.uint8) for _ in range(2))
+    a.reshape(-1)[:40], c.reshape(-1)[:40] = 255, 0  # saturation at hi (M1 > 0 in channel 0) ...
+    a.reshape(-1)[40:80], c.reshape(-1)[40:80] = 0, 255  # ... and at lo (M2 < 0)
+    n = 1 if layout == "tensor" else 24
+    if scale == "ties":
+        m1, m2 = rng.integers(1, 9, n), -rng.integers(1, 9, n)
+        k, s = rng.integers(-300, 300, n), rng.integers(1, 4, n)
+    else:
+        m1 = rng.integers(2**30, 2**31, n) * np.r_[1, rng.choice([-1, 1], n - 1)]
+        m2 = -rng.integers(2**30, 2**31, n)
+        k, s = rng.integers(-(2**34), 2**34, n), np.r_[29, rng.integers(29, 32, n - 1)]
+    bshape = (-1, 1, 1) if layout == "nchw" else ((-1,) if n > 1 else ())
+    pshape = (1, -1, 1, 1) if layout == "nchw" else (-1,)
+    p = m1.reshape(pshape) * a.astype(np.int64) + m2.reshape(pshape) * c.astype(np.int64) + k.reshape(pshape)
+    for mode in ROUND_MODES:
+        want = requantize(p, 1, s.reshape(pshape), mode, zero_point=9, lo=2, hi=250)
+        assert (want == 2).any() and (want == 250).any() and ((want > 2) & (want < 250)).any()
+        b = Builder("r")
+        terms = [Term("x", m1, 255), Term("x2", m2, 255)]
+        y = emit_native_requant(b, terms, k, s, mode, 9, 2, 250, storage_of("uint8"), bshape, where="t")
+        assert y is not None and [nd.op_type for nd in b.nodes] == ["RequantU8"]
+        got = _run(b, y, a, c)
+        assert np.array_equal(got, want), (mode, int(np.sum(got != want)))

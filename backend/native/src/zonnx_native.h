@@ -85,6 +85,19 @@ inline int round_kind(int mode) {
   return mode == kHalfEven ? kParity : ((mode == kHalfAway || mode == kTrunc) ? kSign : kPlain);
 }
 
+// The float64 form of a two-term uint8 requantization (requant_f64.cpp): per channel f1 = M1 2^-s,
+// f2 = M2 2^-s, fc = K' 2^-s and the rounding form; build() is false (tables empty) where a channel's
+// bound does not prove the form exact, and the int64 loops then run.
+struct Rq2Tables {
+  std::vector<double> f1, f2, fc;
+  int rounding = 0;
+  bool build(const int64_t* m1, const int64_t* m2, const int64_t* k, const int64_t* s, const int64_t* a, size_t n,
+             int mode, int64_t zs, int64_t lo, int64_t hi);
+};
+// y[j] for n elements of x1, x2 (uint8): channel c0 + j (lanes) or c0 for all; needs AVX-512.
+void rq2_row(const Rq2Tables& t, const uint8_t* x1, const uint8_t* x2, uint8_t* y, int64_t n, int64_t c0, bool lanes,
+             int64_t zs, int64_t lo, int64_t hi);
+
 // clamp(((p + A + sel) >> s) + zs, lo, hi) for p = M x + K already formed: the one requantization tail
 // every kernel (Requant, QConv, QDwConv) applies per element.
 template <int KIND>
