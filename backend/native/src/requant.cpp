@@ -344,7 +344,7 @@ struct RequantKernel {
     const int64_t per_task = std::max<int64_t>(1, kGrain / std::max<int64_t>(row, 1));
     const size_t tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
     parallel_for(ctx, tasks, [&](size_t task) {
-      std::vector<int64_t> acc(static_cast<size_t>(row));
+      std::vector<int64_t> acc;  // the multi-term int64 sums (allocated only where that loop runs)
       const int64_t r1 = std::min<int64_t>(rows, (static_cast<int64_t>(task) + 1) * per_task);
       for (int64_t r = static_cast<int64_t>(task) * per_task; r < r1; ++r) {
         const int64_t off = r * row;
@@ -372,6 +372,7 @@ struct RequantKernel {
             continue;
           }
         }
+        if (acc.empty()) acc.resize(static_cast<size_t>(row));
         for (int t = 0; t < p.terms; ++t) {
           const int64_t* m = mult + t * mstride + c0;
           switch (ts[t]) {
