@@ -48,7 +48,7 @@ from .ort_kernels import (
     storage_of,
     to_storage,
 )
-from .ort_native import NATIVE_DOMAIN, emit_native_requant
+from .ort_native import NATIVE_DOMAIN, emit_int8_to_u8, emit_native_requant
 from .ort_values import MS_DOMAIN, Val
 from .qlinear_exact import ConvRequant
 
@@ -199,8 +199,10 @@ def lower_program(
         gname = f"{name}/{info.name}"
         lowered.inputs.append(_value_info(gname, info))
         lowered.input_names[info.name] = gname
-        stored = to_storage(b, gname, info.dtype)
-        low.env[info.name] = Val(stored, storage_of(info.dtype), info)
+        st = storage_of(info.dtype)
+        int8 = native and info.dtype == "int8" and st.dtype == np.uint8 and st.offset == 128  # Int8ToU8's rule
+        stored = emit_int8_to_u8(b, gname) if int8 else to_storage(b, gname, info.dtype)
+        low.env[info.name] = Val(stored, st, info)
     for op in program.ops:
         low.lower(op)
     wanted = [t.name for t in program.outputs] + [t for t in (expose or []) if t not in lowered.output_names]

@@ -27,6 +27,8 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
 - ``QDwConv``: ``DwConv``'s sums requantized by RequantU8's one-term rule in the same kernel (uint8 out; the
   clamp ``[lo, hi]`` carries a fused ReLU/ReLU6), each output row's sums kept in cache: no int32 tensor.
 
+- ``Int8ToU8``: int8 program inputs to their uint8 storage, ``q + 128`` (the byte with its top bit flipped),
+  one pass instead of Cast + Add + Cast.
 - ``MaxPoolI32``: NHWC max pooling of int32-stored codes (16-bit programs), ONNX MaxPool's windows and
   output size (``ceil_mode`` too), padding never winning; integer comparisons, so exact for any width.
 
@@ -49,6 +51,7 @@ __all__ = [
     "emit_dwconv",
     "emit_qdwconv",
     "emit_maxpool_i32",
+    "emit_int8_to_u8",
     "is_depthwise",
     "native_plane_terms",
     "native_matmul2_terms",
@@ -286,6 +289,11 @@ def emit_qdwconv(
         **fused,
         domain=NATIVE_DOMAIN,
     )
+
+
+def emit_int8_to_u8(b: Builder, x: str) -> str:
+    """``Int8ToU8``: the uint8 storage ``q + 128`` of the int8 tensor ``x`` (``ort_kernels.storage_of``)."""
+    return b.op("Int8ToU8", [x], domain=NATIVE_DOMAIN)
 
 
 def emit_maxpool_i32(b: Builder, x: str, attrs: dict) -> str:

@@ -3,7 +3,8 @@ packed store (``pack64_u8`` in ``rq_avx512.h``: int16 then uint8 saturation, the
 the rounded values leave the int16 range on both sides, for output zero points up to 300 and clamps
 narrower than [0, 255]; RequantU8's two-term form (``requant_f64.cpp``, the residual adds) in every
 rounding mode on exact ties, 31-bit multipliers of both signs, per-tensor and per-channel (channels last and
-NCHW) parameters, saturation at both ends and lengths that are no multiple of 16."""
+NCHW) parameters, saturation at both ends and lengths that are no multiple of 16. ``Int8ToU8`` (int8
+program inputs to their storage) on every code."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from onnx import TensorProto, helper
 from tests.backend.native_support import lowered_session
 from zonnx.backend.compiler import quantize_multiplier
 from zonnx.backend.compiler.requant import ROUND_MODES, requantize
-from zonnx.backend.runtime.ort_kernels import Builder, Term, storage_of
+from zonnx.backend.runtime.ort_kernels import Builder, Term, storage_of, to_storage
 from zonnx.backend.runtime.ort_native import (
     NATIVE_DOMAIN,
+    emit_int8_to_u8,
     emit_native_requant,
     emit_qconv,
     emit_qdwconv,
@@ -146,3 +148,29 @@ def test_requant_two_terms_float64_form(layout: str, scale: str) -> None:
         assert y is not None and [nd.op_type for nd in b.nodes] == ["RequantU8"]
         got = _run(b, y, a, c)
         assert np.array_equal(got, want), (mode, int(np.sum(got != want)))
+
+
+def test_int8_to_u8_every_code() -> None:
+    """Int8ToU8 == the ONNX lowering's Cast + Add + Cast (``to_storage``) == q + 128 on all 256 codes, in a
+    tensor longer than one parallel chunk."""
+    q = np.tile(np.arange(-128, 128, dtype=np.int8), 300).reshape(3, 100, 256)
+    outs = []
+    for native in (True, False):
+        b = Builder("s")
+        y = emit_int8_to_u8(b, "x") if native else to_storage(b, "x", "int8")
+        b.op("Identity", [y], "y")
+        g = helper.make_graph(
+            b.nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.INT8, None)],
+            [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+            b.initializers,
+        )
+        model = helper.make_model(
+            g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NATIVE_DOMAIN, 1)]
+        )
+        model.ir_version = 10
+        assert [n.op_type for n in b.nodes][0] == ("Int8ToU8" if native else "Cast")
+        outs.append(lowered_session(model, native).run(None, {"x": q})[0])
+    assert outs[0].dtype == np.uint8 and np.array_equal(outs[0], q.astype(np.int64) + 128)
+    assert np.array_equal(outs[0], outs[1])

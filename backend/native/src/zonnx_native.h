@@ -15,7 +15,7 @@
 namespace zonnx_native {
 
 // Bumped whenever an op's inputs, attributes or semantics change; checked by the Python loader.
-constexpr int64_t kAbiVersion = 6;
+constexpr int64_t kAbiVersion = 7;
 constexpr const char* kDomain = "zonnx.native";
 
 // Runs fn(i) for i in [0, total) on the session's intra-op thread pool.
@@ -48,6 +48,7 @@ const OrtCustomOp* qdwconv_op();
 const OrtCustomOp* qconv_op();
 const OrtCustomOp* qconv16_op();
 const OrtCustomOp* maxpool_i32_op();
+const OrtCustomOp* int8_to_u8_op();
 // The GEMM path QConv kernels created now take: 2 = AVX-512 VNNI, 1 = AVX-VNNI, 0 = portable ($ZONNX_NATIVE_ISA).
 int qconv_isa();
 
