@@ -200,7 +200,8 @@ def lower_program(
         lowered.inputs.append(_value_info(gname, info))
         lowered.input_names[info.name] = gname
         st = storage_of(info.dtype)
-        int8 = native and info.dtype == "int8" and st.dtype == np.uint8 and st.offset == 128  # Int8ToU8's rule
+        # Int8ToU8's rule: the uint8 storage q + 128
+        int8 = native and info.dtype == "int8" and st.dtype == np.uint8 and st.offset == 128
         stored = emit_int8_to_u8(b, gname) if int8 else to_storage(b, gname, info.dtype)
         low.env[info.name] = Val(stored, st, info)
     for op in program.ops:

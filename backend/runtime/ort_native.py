@@ -29,6 +29,8 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
 
 - ``Int8ToU8``: int8 program inputs to their uint8 storage, ``q + 128`` (the byte with its top bit flipped),
   one pass instead of Cast + Add + Cast.
+- ``SumHwU8``: the window sums of a global average pool on NHWC uint8 (int32 ``[N, 1, 1, C]``), one pass
+  instead of Cast + ReduceSum.
 - ``MaxPoolI32``: NHWC max pooling of int32-stored codes (16-bit programs), ONNX MaxPool's windows and
   output size (``ceil_mode`` too), padding never winning; integer comparisons, so exact for any width.
 
@@ -52,6 +54,7 @@ __all__ = [
     "emit_qdwconv",
     "emit_maxpool_i32",
     "emit_int8_to_u8",
+    "emit_sum_hw_u8",
     "is_depthwise",
     "native_plane_terms",
     "native_matmul2_terms",
@@ -294,6 +297,11 @@ def emit_qdwconv(
 def emit_int8_to_u8(b: Builder, x: str) -> str:
     """``Int8ToU8``: the uint8 storage ``q + 128`` of the int8 tensor ``x`` (``ort_kernels.storage_of``)."""
     return b.op("Int8ToU8", [x], domain=NATIVE_DOMAIN)
+
+
+def emit_sum_hw_u8(b: Builder, x: str) -> str:
+    """``SumHwU8``: int32 ``[N, 1, 1, C]`` sums over H and W of the NHWC uint8 tensor ``x``."""
+    return b.op("SumHwU8", [x], domain=NATIVE_DOMAIN)
 
 
 def emit_maxpool_i32(b: Builder, x: str, attrs: dict) -> str:

@@ -4,7 +4,7 @@ the rounded values leave the int16 range on both sides, for output zero points u
 narrower than [0, 255]; RequantU8's two-term form (``requant_f64.cpp``, the residual adds) in every
 rounding mode on exact ties, 31-bit multipliers of both signs, per-tensor and per-channel (channels last and
 NCHW) parameters, saturation at both ends and lengths that are no multiple of 16. ``Int8ToU8`` (int8
-program inputs to their storage) on every code."""
+program inputs to their storage) on every code; ``SumHwU8`` (global average pool sums) at full scale."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from zonnx.backend.runtime.ort_native import (
     emit_native_requant,
     emit_qconv,
     emit_qdwconv,
+    emit_sum_hw_u8,
     native_requant_attrs,
 )
 
@@ -174,3 +175,27 @@ def test_int8_to_u8_every_code() -> None:
         outs.append(lowered_session(model, native).run(None, {"x": q})[0])
     assert outs[0].dtype == np.uint8 and np.array_equal(outs[0], q.astype(np.int64) + 128)
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_sum_hw_u8_full_scale() -> None:
+    """SumHwU8 == numpy's int64 sum over H and W, with one channel of all 255 (the largest sums), batch 2."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, size=(2, 7, 9, 1280)).astype(np.uint8)
+    x[:, :, :, 3] = 255
+    b = Builder("p")
+    y = emit_sum_hw_u8(b, "x")
+    b.op("Identity", [y], "y")
+    g = helper.make_graph(
+        b.nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, None)],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        b.initializers,
+    )
+    model = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(NATIVE_DOMAIN, 1)]
+    )
+    model.ir_version = 10
+    got = lowered_session(model, True).run(None, {"x": x})[0]
+    want = x.astype(np.int64).sum(axis=(1, 2), keepdims=True)
+    assert got.dtype == np.int32 and int(got[1, 0, 0, 3]) == 63 * 255 and np.array_equal(got, want)
