@@ -15,7 +15,8 @@ per-channel grids allowed; a following quantizer with another grid adds a ``resc
 ORT lowering: window sums by ``ReduceSum`` (global; ``SumHwU8`` on NHWC uint8 with the native kernels)
 or a depthwise ``ConvInteger`` with a ones kernel and ``x_zp = Z_in + off`` (padding then adds 0),
 requantized once; max pools by ``MaxPool`` / ``ReduceMax``
-(the storage minimum pads like ``qmin``), ``com.microsoft`` ``NhwcMaxPool`` on channels-last uint8, 16-bit
+(the storage minimum pads like ``qmin``), ``com.microsoft`` ``NhwcMaxPool`` on channels-last uint8
+(``MaxPoolU8`` with the native kernels), 16-bit
 codes through float32 (exact below 2^24).
 """
 
@@ -35,7 +36,7 @@ from zonnx.backend.compiler.program import Op, TensorInfo
 from zonnx.backend.compiler.requant import requantize_op
 from zonnx.backend.compiler.values import Codes, CompileError, emit_code
 from zonnx.backend.runtime.ort_kernels import KernelError, Storage, Term
-from zonnx.backend.runtime.ort_native import emit_maxpool_i32, emit_sum_hw_u8
+from zonnx.backend.runtime.ort_native import emit_maxpool_i32, emit_maxpool_u8, emit_sum_hw_u8
 from zonnx.backend.runtime.ort_values import MS_DOMAIN, Val, is_rank4
 from zonnx.backend.runtime.ref_math import ceil_pads, pad_nchw, windows
 
@@ -196,6 +197,8 @@ def lower_maxpool(low: Any, op: Op, args: list[Val], ost: Storage, oinfo: Tensor
     wide = x.st.dtype != np.uint8  # 16-bit codes: MaxPool in float32 (exact below 2^24)
     if wide and x.nhwc:  # only with the native kernels (layout_maxpool)
         return emit_maxpool_i32(low.b, x.name, a)
+    if low.native and x.nhwc and len(a["kernel"]) == 2:
+        return emit_maxpool_u8(low.b, x.name, a)
     src = low.b.op("Cast", [x.name], to=TensorProto.FLOAT) if wide else x.name
     out = low.b.op(
         "NhwcMaxPool" if x.nhwc else "MaxPool",
@@ -241,7 +244,7 @@ SPEC = OpSpec(
             layout_avgpool,
             native=("RequantU8", "RequantI32", "SumHwU8"),
         ),
-        Kind("maxpool", reference_maxpool, lower_maxpool, layout_maxpool, native=("MaxPoolI32",)),
+        Kind("maxpool", reference_maxpool, lower_maxpool, layout_maxpool, native=("MaxPoolI32", "MaxPoolU8")),
     ),
     rules=(
         Rule(frozenset({"AveragePool", "GlobalAveragePool"}), "pending", compile_avgpool),

@@ -48,6 +48,7 @@ const OrtCustomOp* qdwconv_op();
 const OrtCustomOp* qconv_op();
 const OrtCustomOp* qconv16_op();
 const OrtCustomOp* maxpool_i32_op();
+const OrtCustomOp* maxpool_u8_op();
 const OrtCustomOp* int8_to_u8_op();
 const OrtCustomOp* sum_hw_u8_op();
 // The GEMM path QConv kernels created now take: 2 = AVX-512 VNNI, 1 = AVX-VNNI, 0 = portable ($ZONNX_NATIVE_ISA).
