@@ -12,8 +12,9 @@ checked bit for bit against the numpy reference executor on the same input.
 
 Per target all five runners (NPU session, same model in ORT, ORT's fastest int8, the program alone, the
 numpy reference) are timed in the same rounds, so every ratio follows from the printed numbers. Session
-creation is timed in fresh processes (``python -c``, imports done before the clock starts): cold on an
-empty cache directory (compiling), warm on the filled one (best of 3 processes).
+creation is timed in fresh processes (``python -c``, imports done before the clock starts, the lazily
+imported backend included): cold on an empty cache directory (compiling), warm on the filled one (best of 3
+processes).
 
 Kernels: the session runs on the native kernel library when it is built (``zonnx.backend.native``); two
 more lines per target time the session on the native kernels and on the pure-ONNX lowering
@@ -128,9 +129,12 @@ def _fastest_ort_int8(tmp: Path, model: str = "resnet18-random") -> Path:
     return dst
 
 
+# zonnx imports its backend lazily (zonnx.InferenceSession is a module __getattr__): touching the name
+# imports it (about 0.7 s here, most of it onnx_ir's sympy) before the clock, as the docstring says.
 _CREATE = """
 import json, sys, time
 import zonnx
+zonnx.InferenceSession
 path, target, cache = sys.argv[1:4]
 start = time.perf_counter()
 zonnx.InferenceSession(path, providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],

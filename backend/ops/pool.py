@@ -12,9 +12,11 @@ A target with ``[quant.avgpool]`` uses its ``k / 2^n`` for ``1/n`` on power-of-t
 ``maxpool``: ``q_y = max_window(q_x)`` on codes (monotone, same grid; pads read ``pad_value = qmin``),
 per-channel grids allowed; a following quantizer with another grid adds a ``rescale``.
 
-ORT lowering: window sums by ``ReduceSum`` (global) or a depthwise ``ConvInteger`` with a ones kernel and
-``x_zp = Z_in + off`` (padding then adds 0), requantized once; max pools by ``MaxPool`` / ``ReduceMax``
-(the storage minimum pads like ``qmin``), ``com.microsoft`` ``NhwcMaxPool`` on channels-last uint8, 16-bit
+ORT lowering: window sums by ``ReduceSum`` (global; ``SumHwU8`` on NHWC uint8 with the native kernels)
+or a depthwise ``ConvInteger`` with a ones kernel and ``x_zp = Z_in + off`` (padding then adds 0),
+requantized once; max pools by ``MaxPool`` / ``ReduceMax``
+(the storage minimum pads like ``qmin``), ``com.microsoft`` ``NhwcMaxPool`` on channels-last uint8
+(``MaxPoolU8`` with the native kernels), 16-bit
 codes through float32 (exact below 2^24).
 """
 
@@ -34,7 +36,7 @@ from zonnx.backend.compiler.program import Op, TensorInfo
 from zonnx.backend.compiler.requant import requantize_op
 from zonnx.backend.compiler.values import Codes, CompileError, emit_code
 from zonnx.backend.runtime.ort_kernels import KernelError, Storage, Term
-from zonnx.backend.runtime.ort_native import emit_maxpool_i32
+from zonnx.backend.runtime.ort_native import emit_maxpool_i32, emit_maxpool_u8, emit_sum_hw_u8
 from zonnx.backend.runtime.ort_values import MS_DOMAIN, Val, is_rank4
 from zonnx.backend.runtime.ref_math import ceil_pads, pad_nchw, windows
 
@@ -163,9 +165,12 @@ def lower_avgpool(low: Any, op: Op, args: list[Val], ost: Storage, oinfo: Tensor
     zs = x.st.offset + a["zp_in"]
     area = math.prod(a["kernel"])
     if a.get("global"):
-        wide = low.b.op("Cast", [x.name], to=TensorProto.INT32)
-        axes = [1, 2] if x.nhwc else [2, 3]
-        total = low.b.op("ReduceSum", [wide, low.b.const(axes, np.int64, "axes")], keepdims=1)
+        if low.native and x.nhwc and x.st.dtype == np.uint8 and is_rank4(x):
+            total = emit_sum_hw_u8(low.b, x.name)
+        else:
+            wide = low.b.op("Cast", [x.name], to=TensorProto.INT32)
+            axes = [1, 2] if x.nhwc else [2, 3]
+            total = low.b.op("ReduceSum", [wide, low.b.const(axes, np.int64, "axes")], keepdims=1)
         return low.req(op, [Term(total, np.array(m), area * low.xmax(x))], -m * area * zs, ost, ())
     low.u8(x, op)
     shape = x.info.shape
@@ -192,6 +197,8 @@ def lower_maxpool(low: Any, op: Op, args: list[Val], ost: Storage, oinfo: Tensor
     wide = x.st.dtype != np.uint8  # 16-bit codes: MaxPool in float32 (exact below 2^24)
     if wide and x.nhwc:  # only with the native kernels (layout_maxpool)
         return emit_maxpool_i32(low.b, x.name, a)
+    if low.native and x.nhwc and len(a["kernel"]) == 2:
+        return emit_maxpool_u8(low.b, x.name, a)
     src = low.b.op("Cast", [x.name], to=TensorProto.FLOAT) if wide else x.name
     out = low.b.op(
         "NhwcMaxPool" if x.nhwc else "MaxPool",
@@ -230,8 +237,14 @@ def layout_maxpool(low: Any, op: Op, args: list[Val], ost: Storage) -> bool:
 SPEC = OpSpec(
     module=__name__,
     kinds=(
-        Kind("avgpool", reference_avgpool, lower_avgpool, layout_avgpool, native=("RequantU8", "RequantI32")),
-        Kind("maxpool", reference_maxpool, lower_maxpool, layout_maxpool, native=("MaxPoolI32",)),
+        Kind(
+            "avgpool",
+            reference_avgpool,
+            lower_avgpool,
+            layout_avgpool,
+            native=("RequantU8", "RequantI32", "SumHwU8"),
+        ),
+        Kind("maxpool", reference_maxpool, lower_maxpool, layout_maxpool, native=("MaxPoolI32", "MaxPoolU8")),
     ),
     rules=(
         Rule(frozenset({"AveragePool", "GlobalAveragePool"}), "pending", compile_avgpool),

@@ -27,6 +27,11 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
 - ``QDwConv``: ``DwConv``'s sums requantized by RequantU8's one-term rule in the same kernel (uint8 out; the
   clamp ``[lo, hi]`` carries a fused ReLU/ReLU6), each output row's sums kept in cache: no int32 tensor.
 
+- ``Int8ToU8``: int8 program inputs to their uint8 storage, ``q + 128`` (the byte with its top bit flipped),
+  one pass instead of Cast + Add + Cast.
+- ``SumHwU8``: the window sums of a global average pool on NHWC uint8 (int32 ``[N, 1, 1, C]``), one pass
+  instead of Cast + ReduceSum.
+- ``MaxPoolU8``: the same windows on NHWC uint8 codes (8-bit programs; faster than ORT's NhwcMaxPool).
 - ``MaxPoolI32``: NHWC max pooling of int32-stored codes (16-bit programs), ONNX MaxPool's windows and
   output size (``ceil_mode`` too), padding never winning; integer comparisons, so exact for any width.
 
@@ -49,6 +54,9 @@ __all__ = [
     "emit_dwconv",
     "emit_qdwconv",
     "emit_maxpool_i32",
+    "emit_maxpool_u8",
+    "emit_int8_to_u8",
+    "emit_sum_hw_u8",
     "is_depthwise",
     "native_plane_terms",
     "native_matmul2_terms",
@@ -288,12 +296,31 @@ def emit_qdwconv(
     )
 
 
+def emit_int8_to_u8(b: Builder, x: str) -> str:
+    """``Int8ToU8``: the uint8 storage ``q + 128`` of the int8 tensor ``x`` (``ort_kernels.storage_of``)."""
+    return b.op("Int8ToU8", [x], domain=NATIVE_DOMAIN)
+
+
+def emit_sum_hw_u8(b: Builder, x: str) -> str:
+    """``SumHwU8``: int32 ``[N, 1, 1, C]`` sums over H and W of the NHWC uint8 tensor ``x``."""
+    return b.op("SumHwU8", [x], domain=NATIVE_DOMAIN)
+
+
 def emit_maxpool_i32(b: Builder, x: str, attrs: dict) -> str:
     """``MaxPoolI32`` of an NHWC int32 tensor with a maxpool op's ``kernel``/``strides``/``pads``/
     ``dilations``/``ceil_mode`` attributes (2-D)."""
+    return _maxpool(b, "MaxPoolI32", x, attrs)
+
+
+def emit_maxpool_u8(b: Builder, x: str, attrs: dict) -> str:
+    """``MaxPoolU8``: the same on an NHWC uint8 tensor (8-bit codes)."""
+    return _maxpool(b, "MaxPoolU8", x, attrs)
+
+
+def _maxpool(b: Builder, op_type: str, x: str, attrs: dict) -> str:
     kernel = list(attrs["kernel"])
     return b.op(
-        "MaxPoolI32",
+        op_type,
         [x],
         kernel=kernel,
         strides=list(attrs["strides"]),

@@ -28,6 +28,7 @@ from zonnx.backend.runtime.ort_native import (
     emit_dwconv,
     emit_im2col,
     emit_maxpool_i32,
+    emit_maxpool_u8,
     emit_native_requant,
     emit_qconv,
     emit_qdwconv,
@@ -533,18 +534,22 @@ def test_qconv16_matches_numpy(
         ([2, 2], [3, 3], [0] * 4, [1, 1], 1),
     ],
 )
-def test_maxpool_i32_matches_ort(kernel: list, strides: list, pads: list, dil: list, ceil: int) -> None:
-    """MaxPoolI32 (NHWC int32 codes) == ORT's MaxPool on the same codes (float32: exact below 2^24), ceil_mode
-    and end windows included; 16-bit extremes next to the padding."""
-    x = np.random.default_rng(3).integers(0, 65536, size=(2, 9, 10, 5)).astype(np.int32)
+@pytest.mark.parametrize("u8", [False, True])
+def test_maxpool_i32_matches_ort(
+    kernel: list, strides: list, pads: list, dil: list, ceil: int, u8: bool
+) -> None:
+    """MaxPoolI32 (NHWC int32 codes) and MaxPoolU8 (NHWC uint8 codes) == ORT's MaxPool on the same codes
+    (float32: exact below 2^24), ceil_mode and end windows included; extremes next to the padding."""
+    top = 255 if u8 else 65535
+    x = np.random.default_rng(3).integers(0, top + 1, size=(2, 9, 10, 5)).astype(np.uint8 if u8 else np.int32)
     x[0, :, :2] = 0
-    x[1, :2] = 65535
+    x[1, :2] = top
     attrs = {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dil, "ceil_mode": ceil}
     b = Builder("m")
-    y = emit_maxpool_i32(b, "x", attrs)
-    got = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.INT32), True).run(
-        None, {"x": x}
-    )[0]
+    y = (emit_maxpool_u8 if u8 else emit_maxpool_i32)(b, "x", attrs)
+    assert [n.op_type for n in b.nodes] == ["MaxPoolU8" if u8 else "MaxPoolI32"]
+    t = TensorProto.UINT8 if u8 else TensorProto.INT32
+    got = lowered_session(_model(b, y, [("x", t, None)], t), True).run(None, {"x": x})[0]
     node = helper.make_node(
         "MaxPool",
         ["x"],

@@ -194,7 +194,7 @@ struct DwVnni {
 
   DwVnni(const DwCore& core, const std::vector<int64_t>& mult, const std::vector<int64_t>& cnst,
          const std::vector<int64_t>& shift, const std::vector<int64_t>& addend, const std::vector<int64_t>& bmask,
-         int kind) {
+         int kind, int64_t zs) {
     const int64_t c = core.channels;
     pair = c == 32;
     taps = core.kh * core.kw;
@@ -241,7 +241,7 @@ struct DwVnni {
     }
     zrow.assign(padded, static_cast<uint8_t>(core.zp));
     vkind = kind;
-    if (!m32.empty() && f64.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xm.data(), kind))
+    if (!m32.empty() && f64.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xm.data(), kind, zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
   }
 
@@ -295,6 +295,14 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_pix
       q3 = _mm512_dpbusd_epi32(q3, _mm512_unpackhi_epi16(ab1, cd1), _mm512_loadu_si512(wb + 192));
     }
     const RqArgs rq = v.args(bl, zs, lo, hi);
+    if constexpr (KIND == kF64Floor || KIND == kF64Even) {
+      // pack64_u8 puts the values 4 L .. 4 L + 3 of q0, q1, q2, q3 in 128-bit lane L: channels 16 L + 4 q + e
+      // in q, e order, which is channel order
+      const __m512i out = pack64_u8(rq16_f64_values<KIND>(q0, rq, 0), rq16_f64_values<KIND>(q1, rq, 16),
+                                    rq16_f64_values<KIND>(q2, rq, 32), rq16_f64_values<KIND>(q3, rq, 48), rq);
+      _mm512_mask_storeu_epi8(y + c0, mask, out);
+      continue;
+    }
     // r[q] lane 4 L + e is channel 16 L + 4 q + e: transpose the 4 x 4 groups of 4 bytes
     const __m128i r0 = _mm512_cvtepi32_epi8(M32 ? rq16_32_values<KIND>(q0, rq, 0) : rq16_values<KIND>(q0, rq, 0));
     const __m128i r1 = _mm512_cvtepi32_epi8(M32 ? rq16_32_values<KIND>(q1, rq, 16) : rq16_values<KIND>(q1, rq, 16));
@@ -326,6 +334,75 @@ DwPixelFn dw_vnni_for(int kind, bool m32, int load) {
   return dw_vnni_load<kOne>(kind, m32);
 }
 
+// A run of interior output pixels of a layer with at most 12 taps (3 quads: 3x3 and smaller) whose kernel
+// rows all lie inside the input, in the float64 requantization form: tap t of the run's pixel i is at
+// x0 + i step + off[t] (taps beyond the layer's hold zero weights and read a zero vector instead), so no
+// per-pixel pointer table is kept; per 64-channel block the twelve weight vectors stay in registers while
+// the pixels stream by. The same sums and requantization as dw_vnni_pixel. LOAD kOne: one pixel per step;
+// kPairRun / kPairSplit (32 channels): two adjacent pixels per step (lanes 32-63: the next pixel's taps,
+// at +32 bytes for stride 1, at + step otherwise).
+template <int KIND, int LOAD>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_run3(
+    const DwVnni& v, const uint8_t* x0, const int64_t* off, int64_t step, int64_t count, int64_t c, uint8_t* y,
+    int64_t zs, int64_t lo, int64_t hi) {
+  const int taps = static_cast<int>(v.taps);
+  const int64_t per = LOAD == kOne ? 1 : 2;  // output pixels per step
+  const int64_t blocks = LOAD == kOne ? v.blocks : 1;
+  for (int64_t bl = 0; bl < blocks; ++bl) {
+    const int64_t c0 = 64 * bl, left = (LOAD == kOne ? c : 64) - c0;
+    const __mmask64 mask = left >= 64 ? ~__mmask64(0) : ((__mmask64(1) << left) - 1);
+    const int8_t* wb = v.wq.data() + bl * v.quads * 256;
+    __m512i w[3][4];
+    for (int g = 0; g < 3; ++g)
+      for (int q = 0; q < 4; ++q)
+        w[g][q] = g < v.quads ? _mm512_loadu_si512(wb + g * 256 + q * 64) : _mm512_setzero_si512();
+    const RqArgs rq = v.args(bl, zs, lo, hi);
+    const uint8_t* p = x0 + c0;
+    uint8_t* yo = y + c0;
+    for (int64_t i = 0; i < count; ++i, p += per * step, yo += per * c) {
+      __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                        _mm512_setzero_si512()};
+      for (int g = 0; g < 3; ++g) {
+        __m512i x[4];
+        for (int e = 0; e < 4; ++e) {
+          const int t = 4 * g + e;
+          if (t >= taps) {
+            x[e] = _mm512_setzero_si512();
+          } else if constexpr (LOAD == kOne) {
+            x[e] = _mm512_maskz_loadu_epi8(mask, p + off[t]);
+          } else if constexpr (LOAD == kPairRun) {
+            x[e] = _mm512_loadu_si512(p + off[t]);
+          } else {
+            const __m256i lo8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off[t]));
+            const __m256i hi8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off[t] + step));
+            x[e] = _mm512_inserti64x4(_mm512_castsi256_si512(lo8), hi8, 1);
+          }
+        }
+        const __m512i ab0 = _mm512_unpacklo_epi8(x[0], x[1]), ab1 = _mm512_unpackhi_epi8(x[0], x[1]);
+        const __m512i cd0 = _mm512_unpacklo_epi8(x[2], x[3]), cd1 = _mm512_unpackhi_epi8(x[2], x[3]);
+        acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_unpacklo_epi16(ab0, cd0), w[g][0]);
+        acc[1] = _mm512_dpbusd_epi32(acc[1], _mm512_unpackhi_epi16(ab0, cd0), w[g][1]);
+        acc[2] = _mm512_dpbusd_epi32(acc[2], _mm512_unpacklo_epi16(ab1, cd1), w[g][2]);
+        acc[3] = _mm512_dpbusd_epi32(acc[3], _mm512_unpackhi_epi16(ab1, cd1), w[g][3]);
+      }
+      const __m512i out = pack64_u8(rq16_f64_values<KIND>(acc[0], rq, 0), rq16_f64_values<KIND>(acc[1], rq, 16),
+                                    rq16_f64_values<KIND>(acc[2], rq, 32), rq16_f64_values<KIND>(acc[3], rq, 48), rq);
+      _mm512_mask_storeu_epi8(yo, mask, out);
+    }
+  }
+}
+
+using DwRunFn = void (*)(const DwVnni&, const uint8_t*, const int64_t*, int64_t, int64_t, int64_t, uint8_t*, int64_t,
+                        int64_t, int64_t);
+// The run kernel for a rounding kind and load form, or null where it does not apply (not a float64 kind).
+DwRunFn dw_run_for(int kind, int load) {
+  if (kind != kF64Floor && kind != kF64Even) return nullptr;
+  const bool fl = kind == kF64Floor;
+  if (load == kPairRun) return fl ? dw_vnni_run3<kF64Floor, kPairRun> : dw_vnni_run3<kF64Even, kPairRun>;
+  if (load == kPairSplit) return fl ? dw_vnni_run3<kF64Floor, kPairSplit> : dw_vnni_run3<kF64Even, kPairSplit>;
+  return fl ? dw_vnni_run3<kF64Floor, kOne> : dw_vnni_run3<kF64Even, kOne>;
+}
+
 struct QDwConvKernel {
   DwCore core;
   int kind;
@@ -334,6 +411,8 @@ struct QDwConvKernel {
   std::unique_ptr<DwVnni> vnni;                            // the AVX-512 VNNI form (qconv_isa() == 2)
   DwPixelFn pixel = nullptr;
   DwPixelFn pair = nullptr;  // two adjacent interior pixels of a 32-channel layer (DwVnni::pair)
+  DwRunFn run = nullptr;      // interior runs, one pixel per step (dw_vnni_run3), where it applies
+  DwRunFn run_pair = nullptr;  // the same, two pixels per step (DwVnni::pair)
 
   explicit QDwConvKernel(const OrtKernelInfo* info) : core(Ort::ConstKernelInfo(info)) {
     Ort::ConstKernelInfo ki(info);
@@ -359,9 +438,13 @@ struct QDwConvKernel {
       bmask.push_back(rp.bmask);
     }
     if (qconv_isa() == 2) {
-      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind);
+      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind, zs);
       pixel = dw_vnni_for(vnni->vkind, !vnni->m32.empty(), kOne);
       if (vnni->pair) pair = dw_vnni_for(vnni->vkind, !vnni->m32.empty(), core.sw == 1 ? kPairRun : kPairSplit);
+      if (vnni->quads <= 3) {
+        run = dw_run_for(vnni->vkind, kOne);
+        if (vnni->pair) run_pair = dw_run_for(vnni->vkind, core.sw == 1 ? kPairRun : kPairSplit);
+      }
     }
   }
 
@@ -375,6 +458,8 @@ struct QDwConvKernel {
     const int64_t in0 = (k.pl + k.sw - 1) / k.sw, ext = (k.kw - 1) * k.dw;
     const int64_t in1 = g.wd - 1 - ext + k.pl >= 0 ? (g.wd - 1 - ext + k.pl) / k.sw + 1 : 0;
     const int64_t step = k.sw * g.c;
+    std::vector<int64_t> off(static_cast<size_t>(vnni->taps));  // tap (i, j) relative to tap (0, 0)
+    for (int64_t t = 0; t < vnni->taps; ++t) off[static_cast<size_t>(t)] = ((t / k.kw) * k.dh * g.wd + (t % k.kw) * k.dw) * g.c;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / g.oh, oy = r % g.oh;
       for (int64_t i = 0; i < k.kh; ++i) {
@@ -382,7 +467,22 @@ struct QDwConvKernel {
         row_in[static_cast<size_t>(i)] = iy >= 0 && iy < g.h;
       }
       for (int64_t t = 0; t < vnni->taps; ++t) adv[static_cast<size_t>(t)] = row_in[static_cast<size_t>(t / k.kw)] ? step : 0;
+      const bool rows_inside = std::all_of(row_in.begin(), row_in.end(), [](char v) { return v != 0; });
       for (int64_t ox = 0; ox < g.ow; ++ox) {
+        if (run != nullptr && rows_inside && ox == in0 && in1 > in0) {  // the interior: dw_vnni_run3
+          const uint8_t* x0 = xv + ((b * g.h + oy * k.sh - k.pt) * g.wd + in0 * k.sw - k.pl) * g.c;
+          uint8_t* y0 = y + (r * g.ow + in0) * g.c;
+          int64_t n = in1 - in0;
+          if (run_pair != nullptr && n >= 2) {
+            run_pair(*vnni, x0, off.data(), step, n / 2, g.c, y0, zs, lo, hi);
+            x0 += (n / 2) * 2 * step;
+            y0 += (n / 2) * 2 * g.c;
+            n %= 2;
+          }
+          if (n > 0) run(*vnni, x0, off.data(), step, n, g.c, y0, zs, lo, hi);
+          ox = in1 - 1;
+          continue;
+        }
         if (ox > in0 && ox < in1) {
           for (int64_t t = 0; t < vnni->taps; ++t) ptr[static_cast<size_t>(t)] += adv[static_cast<size_t>(t)];
           if (pair != nullptr && ox + 1 < in1) {  // ox and ox + 1 interior: one pair block

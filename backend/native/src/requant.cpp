@@ -40,6 +40,9 @@ struct Params {
   int mode = 0, kind = 0;
   int64_t zs = 0, lo = 0, hi = 0;
   bool wide = false;
+  // two uint8 terms into uint8 on AVX-512: the float64 form (requant_f64.cpp) per channel and tiled
+  bool f64 = false;
+  Rq2Tables rq2, rq2_t;
 };
 
 // The hot loops. Each entry below is compiled twice (x86-64-v4 with AVX-512, and the baseline) and picked
@@ -214,6 +217,11 @@ struct RequantKernel {
       p.addend_t.push_back(p.addend[c]);
       p.bmask_t.push_back(p.bmask[c]);
     }
+    if (p.terms == 2 && !p.wide && out == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 && qconv_isa() == 2)
+      p.f64 = p.rq2.build(p.mult.data(), p.mult.data() + p.channels, p.cnst.data(), p.shift64.data(),
+                          p.addend.data(), static_cast<size_t>(p.channels), p.mode, p.zs, p.lo, p.hi) &&
+              p.rq2_t.build(p.mult_t.data(), p.mult_t.data() + p.tile, p.cnst_t.data(), p.shift_t.data(),
+                            p.addend_t.data(), static_cast<size_t>(p.tile), p.mode, p.zs, p.lo, p.hi);
   }
 
   void Compute(OrtKernelContext* context) {
@@ -336,7 +344,7 @@ struct RequantKernel {
     const int64_t per_task = std::max<int64_t>(1, kGrain / std::max<int64_t>(row, 1));
     const size_t tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
     parallel_for(ctx, tasks, [&](size_t task) {
-      std::vector<int64_t> acc(static_cast<size_t>(row));
+      std::vector<int64_t> acc;  // the multi-term int64 sums (allocated only where that loop runs)
       const int64_t r1 = std::min<int64_t>(rows, (static_cast<int64_t>(task) + 1) * per_task);
       for (int64_t r = static_cast<int64_t>(task) * per_task; r < r1; ++r) {
         const int64_t off = r * row;
@@ -357,6 +365,14 @@ struct RequantKernel {
                      lanes);
           continue;
         }
+        if constexpr (sizeof(Out) == 1) {
+          if (p.f64 && ts[0] == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 && ts[1] == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) {
+            rq2_row(lanes ? p.rq2_t : p.rq2, static_cast<const uint8_t*>(xs[0]) + off,
+                    static_cast<const uint8_t*>(xs[1]) + off, y + off, n, c0, lanes, p.zs, p.lo, p.hi);
+            continue;
+          }
+        }
+        if (acc.empty()) acc.resize(static_cast<size_t>(row));
         for (int t = 0; t < p.terms; ++t) {
           const int64_t* m = mult + t * mstride + c0;
           switch (ts[t]) {

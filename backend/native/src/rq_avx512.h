@@ -45,24 +45,27 @@ enum F64Kind { kF64Floor = 3, kF64Even = 4 };
 // < 2^52, xm = max |acc - zw| from the weights), so it is representable and the one rounding of the fma
 // leaves it unchanged; fm and fc are exact for the same reason (|M| < 2^32, |C| < 2^52, 2^-s >= 2^-62 is no
 // subnormal). Then floor (kPlain: (p + A) >> s) or round-half-even (kParity: the parity-corrected shift) of
-// that value is the integer shift result; clamping to the integers [lo - zs, hi - zs] before the rounding
-// equals clamping after it (both roundings are monotone and keep integers), and zs is added in int32.
+// that value is the integer shift result v. The tables are built only where the same bound also proves
+// |v| <= (|M| xm + |K|) 2^-s + 1 < 2^31, so the rounding conversion to int32 is exact (no saturation) and
+// the clamp works on int32 values: clamp(v + zs, lo, hi) in int32 (rq16_32_values), or packed
+// (pack64_u8: int16 and uint8 saturation, exact for -32512 <= zs <= 32767, also checked).
 struct F64Tables {
   std::vector<double> fm, fc;
 
   // Fills the tables for n channels (xm[j] bounds |acc - zw| of channel j); false (tables empty) when one
   // channel breaks the bound or the rounding kind is not kPlain / kParity: the integer form then stays.
   bool build(size_t n, const int64_t* m, const int64_t* k, const int64_t* s, const int64_t* a,
-             const int32_t* zw, const int64_t* xm, int kind) {
+             const int32_t* zw, const int64_t* xm, int kind, int64_t zs) {
     fm.assign(n, 0.0);
     fc.assign(n, 0.0);
     const __int128 lim = __int128{1} << 52;
-    bool ok = kind == kPlain || kind == kParity;
+    bool ok = (kind == kPlain || kind == kParity) && zs >= -32512 && zs <= 32767;
     for (size_t j = 0; ok && j < n; ++j) {
       const __int128 mj = m[j], kj = k[j] + (kind == kPlain ? a[j] : 0);
       const __int128 c = kj - mj * zw[j];
       const __int128 bound = (mj < 0 ? -mj : mj) * xm[j] + (kj < 0 ? -kj : kj);
-      ok = m[j] >= INT32_MIN && m[j] <= INT32_MAX && xm[j] >= 0 && bound < lim && c < lim && -c < lim;
+      ok = m[j] >= INT32_MIN && m[j] <= INT32_MAX && xm[j] >= 0 && bound < lim && c < lim && -c < lim &&
+           (bound >> s[j]) + 2 < (__int128{1} << 31);
       if (!ok) break;
       const double scale = std::ldexp(1.0, -static_cast<int>(s[j]));
       fm[j] = static_cast<double>(m[j]) * scale;
@@ -76,22 +79,35 @@ struct F64Tables {
   }
 };
 
-// The float64 form (F64Tables) on 16 int32 accumulators, as int32 values (the same integers as rq16_values).
+// The float64 form (F64Tables) on 16 int32 accumulators: the rounded values v before the zero point and
+// the clamp, exact int32 (F64Tables proved |v| < 2^31).
 template <int KIND>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i rq16_f64_values(
     __m512i acc, const RqArgs& q, int j0) {
   constexpr int kRound = (KIND == kF64Floor ? _MM_FROUND_TO_NEG_INF : _MM_FROUND_TO_NEAREST_INT) | _MM_FROUND_NO_EXC;
-  const __m512d lo = _mm512_set1_pd(static_cast<double>(q.lo - q.zs));
-  const __m512d hi = _mm512_set1_pd(static_cast<double>(q.hi - q.zs));
   __m512d v0 = _mm512_cvtepi32_pd(_mm512_castsi512_si256(acc));
   __m512d v1 = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(acc, 1));
   v0 = _mm512_fmadd_pd(v0, _mm512_loadu_pd(q.fm + j0), _mm512_loadu_pd(q.fc + j0));
   v1 = _mm512_fmadd_pd(v1, _mm512_loadu_pd(q.fm + j0 + 8), _mm512_loadu_pd(q.fc + j0 + 8));
-  v0 = _mm512_min_pd(_mm512_max_pd(v0, lo), hi);
-  v1 = _mm512_min_pd(_mm512_max_pd(v1, lo), hi);
-  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvt_roundpd_epi32(v0, kRound)),
-                                       _mm512_cvt_roundpd_epi32(v1, kRound), 1);
-  return _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvt_roundpd_epi32(v0, kRound)),
+                            _mm512_cvt_roundpd_epi32(v1, kRound), 1);
+}
+
+// clamp(v + zs, lo, hi) of four vectors of exact int32 values v as 64 bytes, for 0 <= lo <= hi <= 255 and
+// -32512 <= zs <= 32767: packs saturates v to int16, adds_epi16 adds zs with int16 saturation, packus
+// saturates to [0, 255], then the clamp to [lo, hi]. Exact: where v is in int16 range and v + zs too, no
+// saturation acts before the final clamp; where v > 32767, 32767 + zs >= 255 and the result is hi, as the
+// true v + zs > 255 gives; where v < -32768, -32768 + zs < 0 and the result is lo, likewise; where only
+// v + zs leaves the int16 range, it leaves [0, 255] on the same side. Byte order: per 128-bit lane L, the
+// values 4L .. 4L + 3 of v0, then of v1, v2, v3.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i pack64_u8(
+    __m512i v0, __m512i v1, __m512i v2, __m512i v3, const RqArgs& q) {
+  const __m512i zs = _mm512_set1_epi16(static_cast<int16_t>(q.zs));
+  const __m512i a = _mm512_adds_epi16(_mm512_packs_epi32(v0, v1), zs);
+  const __m512i b = _mm512_adds_epi16(_mm512_packs_epi32(v2, v3), zs);
+  const __m512i r = _mm512_packus_epi16(a, b);
+  return _mm512_min_epu8(_mm512_max_epu8(r, _mm512_set1_epi8(static_cast<char>(q.lo))),
+                         _mm512_set1_epi8(static_cast<char>(q.hi)));
 }
 
 // rq16 for int32 multipliers without widening the accumulators: vpmuldq multiplies the even int32 lanes
@@ -101,7 +117,12 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
 template <int KIND>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i rq16_32_values(
     __m512i acc, const RqArgs& q, int j0) {
-  if constexpr (KIND == kF64Floor || KIND == kF64Even) return rq16_f64_values<KIND>(acc, q, j0);
+  if constexpr (KIND == kF64Floor || KIND == kF64Even) {
+    const __m512i v = rq16_f64_values<KIND>(acc, q, j0);
+    const __m512i lo = _mm512_set1_epi32(static_cast<int32_t>(q.lo - q.zs));
+    const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(q.hi - q.zs));
+    return _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(v, lo), hi), _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+  }
   const int g = j0 / 2;
   const __m512i d = _mm512_sub_epi32(acc, _mm512_loadu_si512(q.zw + j0));
   const __m512i m = _mm512_loadu_si512(q.m32 + j0);

@@ -15,7 +15,7 @@
 namespace zonnx_native {
 
 // Bumped whenever an op's inputs, attributes or semantics change; checked by the Python loader.
-constexpr int64_t kAbiVersion = 6;
+constexpr int64_t kAbiVersion = 7;
 constexpr const char* kDomain = "zonnx.native";
 
 // Runs fn(i) for i in [0, total) on the session's intra-op thread pool.
@@ -48,6 +48,9 @@ const OrtCustomOp* qdwconv_op();
 const OrtCustomOp* qconv_op();
 const OrtCustomOp* qconv16_op();
 const OrtCustomOp* maxpool_i32_op();
+const OrtCustomOp* maxpool_u8_op();
+const OrtCustomOp* int8_to_u8_op();
+const OrtCustomOp* sum_hw_u8_op();
 // The GEMM path QConv kernels created now take: 2 = AVX-512 VNNI, 1 = AVX-VNNI, 0 = portable ($ZONNX_NATIVE_ISA).
 int qconv_isa();
 
@@ -84,6 +87,19 @@ inline RoundParams round_params(int mode, int64_t s) {
 inline int round_kind(int mode) {
   return mode == kHalfEven ? kParity : ((mode == kHalfAway || mode == kTrunc) ? kSign : kPlain);
 }
+
+// The float64 form of a two-term uint8 requantization (requant_f64.cpp): per channel f1 = M1 2^-s,
+// f2 = M2 2^-s, fc = K' 2^-s and the rounding form; build() is false (tables empty) where a channel's
+// bound does not prove the form exact, and the int64 loops then run.
+struct Rq2Tables {
+  std::vector<double> f1, f2, fc;
+  int rounding = 0;
+  bool build(const int64_t* m1, const int64_t* m2, const int64_t* k, const int64_t* s, const int64_t* a, size_t n,
+             int mode, int64_t zs, int64_t lo, int64_t hi);
+};
+// y[j] for n elements of x1, x2 (uint8): channel c0 + j (lanes) or c0 for all; needs AVX-512.
+void rq2_row(const Rq2Tables& t, const uint8_t* x1, const uint8_t* x2, uint8_t* y, int64_t n, int64_t c0, bool lanes,
+             int64_t zs, int64_t lo, int64_t hi);
 
 // clamp(((p + A + sel) >> s) + zs, lo, hi) for p = M x + K already formed: the one requantization tail
 // every kernel (Requant, QConv, QDwConv) applies per element.
