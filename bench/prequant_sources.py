@@ -51,7 +51,11 @@ def _preprocessed(zoo_name: str, folder: Path) -> Path:
 
     pre = folder / f"{zoo_name}_pre.onnx"
     if not pre.exists():
-        quant_pre_process(str(zoo.get(zoo_name)), str(pre))
+        try:
+            quant_pre_process(str(zoo.get(zoo_name)), str(pre))
+        except Exception:  # noqa: BLE001 - ORT's symbolic shape inference gives up on attention masks
+            logger.info("%s: ORT's symbolic shape inference failed; pre-processing without it", zoo_name)
+            quant_pre_process(str(zoo.get(zoo_name)), str(pre), skip_symbolic_shape=True)
     return pre
 
 
