@@ -7,7 +7,11 @@ Per (source, target): the share of MACs the partitioner puts on the NPU after ``
 samples' static input shapes; and the output cosine of the retargeted model against the source model, both
 run by ORT on held-out samples (target >= 0.99). For the QAT model also the task metric: top-1 on the
 digits test split of the retargeted QAT model against PTQ from float (the same network before QAT,
-quantized by ``zonnx quantize --target`` on the same calibration images; target ratio >= 1).
+quantized by ``zonnx quantize --target`` on the same calibration images; target ratio >= 1). Where the
+float network is at hand (ORT sources: the model ORT quantized, after its pre-processing; QAT: the network
+before QAT), the retargeted and the source model are both compared with it too (no target): an untrained
+network amplifies any rounding difference, and this says whether retargeting or the source's own
+quantization costs the accuracy.
 """
 
 from __future__ import annotations
@@ -57,9 +61,13 @@ def _retarget(source: Path, target: str, calib: Feeds, dst: Path) -> object:
     return quantize_static(source, dst, ListReader(calib), **target_quantize_kwargs(target))
 
 
-def _rows(label: str, source: Path, calib: Feeds, held: Feeds, folder: Path) -> list[Measurement]:
-    """Share and cosine of ``source`` retargeted to every target."""
+def _rows(
+    label: str, source: Path, calib: Feeds, held: Feeds, folder: Path, float_model: Path | None = None
+) -> list[Measurement]:
+    """Share and cosine of ``source`` retargeted to every target; with ``float_model`` (the network before
+    quantization) also both models' output cosine against it (no target: what the source itself costs)."""
     out = []
+    src_vs_float = _cosine(float_model, source, held) if float_model is not None else None
     for target in TARGETS:
         dst = folder / f"{source.stem}_{target}.onnx"
         res = _retarget(source, target, calib, dst)
@@ -69,6 +77,9 @@ def _rows(label: str, source: Path, calib: Feeds, held: Feeds, folder: Path) -> 
                                note=f"compiled as it is: {100 * before:.1f}%; {counts}"))  # fmt: skip
         out.append(Measurement(f"{label} -> {target}: output cosine vs source", _cosine(source, dst, held), "cos",
                                HIGHER, target=0.99, note=f"{len(held)} held-out samples, both run by ORT"))  # fmt: skip
+        if float_model is not None:
+            out.append(Measurement(f"{label} -> {target}: output cosine vs float model", _cosine(float_model, dst, held),
+                                   "cos", HIGHER, peer="source vs float", peer_value=src_vs_float))  # fmt: skip
     return out
 
 
@@ -81,7 +92,7 @@ def _qat_rows(folder: Path) -> list[Measurement]:
     calib = [{"input": x_cal[i : i + 1]} for i in range(CALIB_SIZE)]
     x_te, y_te = digits_data("test")
     held = [{"input": x_te[i : i + 1]} for i in range(64)]
-    out = _rows("digits CNN torch QAT", qat, calib, held, folder)
+    out = _rows("digits CNN torch QAT", qat, calib, held, folder, flt)
     base = (
         f"source QAT in ORT {evaluate_top1(qat, x_te, y_te):.4f}, float {evaluate_top1(flt, x_te, y_te):.4f}"
     )
@@ -130,9 +141,11 @@ def bench_prequant(ctx: BenchContext) -> list[Measurement]:
     out: list[Measurement] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        cases: list[tuple[str, Callable[[], tuple[Path, Feeds, Feeds]]]] = []
+        Case = tuple[str, Callable[[], tuple[Path, Feeds, Feeds]], Path | None]
+        cases: list[Case] = []
         for name, label, forms in (("resnet18-random", "ResNet-18", ("QOperator", "QDQ", "dynamic")),
-                                   ("mobilenetv2-random", "MobileNetV2", ("QOperator", "QDQ"))):  # fmt: skip
+                                   ("mobilenetv2-random", "MobileNetV2", ("QOperator", "QDQ")),
+                                   ("bert_encoder", "BERT encoder", ("dynamic",))):  # fmt: skip
             for form in forms:
 
                 def make(name: str = name, form: str = form) -> tuple[Path, Feeds, Feeds]:
@@ -141,18 +154,13 @@ def bench_prequant(ctx: BenchContext) -> list[Measurement]:
                         return src.ort_dynamic(name, folder), calib, held
                     return src.ort_static(name, folder, form, calib), calib, held
 
-                cases.append((f"{label} ORT {form}", make))
-        cases.append(
-            (
-                "BERT encoder ORT dynamic",
-                lambda: (src.ort_dynamic("bert_encoder", folder), *zoo_feeds("bert_encoder")),
-            )
-        )
+                # the float model ORT quantized (after its pre-processing), written by the first maker
+                cases.append((f"{label} ORT {form}", make, folder / f"{name}_pre.onnx"))
         tfl_calib, tfl_held = src.tflite_feeds(16, 0), src.tflite_feeds(8, 1)
-        cases.append(("MobileNetV2 TFLite int8", lambda: (src.tflite_int8(folder, tfl_calib), tfl_calib, tfl_held)))  # fmt: skip
-        for label, make in cases[1:2] if ctx.quick else cases:
+        cases.append(("MobileNetV2 TFLite int8", lambda: (src.tflite_int8(folder, tfl_calib), tfl_calib, tfl_held), None))  # fmt: skip
+        for label, make, float_model in cases[1:2] if ctx.quick else cases:
             source, calib, held = make()
-            out += _rows(label, source, calib, held, folder)
+            out += _rows(label, source, calib, held, folder, float_model)
         if not ctx.quick:
             out += _qat_rows(folder)
     return out
