@@ -41,7 +41,9 @@ def compile(  # noqa: A001 - the subcommand's name
         False, "--verbose", help="List subgraph tensors and every CPU node with its reason."
     ),
     external_data: bool = typer.Option(
-        False, "--external-data", help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB)."
+        False,
+        "--external-data",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
     ),
     json_: bool = typer.Option(False, "--json", help="Print the partition as JSON instead of tables."),
 ) -> None:

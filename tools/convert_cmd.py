@@ -160,7 +160,9 @@ def convert(
     layout: str = typer.Option(None, "--layout", help="Raw image layout: nchw or nhwc."),
     input_dtype: str = typer.Option(None, "--input-dtype", help="Raw image dtype: float32 or uint8."),
     external_data: bool = typer.Option(
-        False, "--external-data", help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB)."
+        False,
+        "--external-data",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
     ),
     preprocess_input: str = typer.Option(
         None, "--preprocess-input", help="Image input to fold preprocessing into."

@@ -54,7 +54,9 @@ def optimize(
         False, "--inplace", help="Allow OUTPUT to be the input file (or omit OUTPUT)."
     ),
     external_data: bool = typer.Option(
-        False, "--external-data", help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB)."
+        False,
+        "--external-data",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     list_passes: bool = typer.Option(False, "--list-passes", help="List passes and pipelines, then exit."),

@@ -313,7 +313,9 @@ def quantize(
         None, "--fast-finetune-iters", help="Fast finetune steps per layer (default 1000)."
     ),
     external_data: bool = typer.Option(
-        False, "--external-data", help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB)."
+        False,
+        "--external-data",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
     ),
     requantize: bool = typer.Option(
         False,

@@ -118,7 +118,9 @@ def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console
         f"target rules {q['target_rules'] or 'no change needed'}; worst layer {q['worst_layer']}",
         markup=False,
     )
-    session, compiled = compile_and_run(quant_path, options.out_dir, target, external_data=options.external_data)
+    session, compiled = compile_and_run(
+        quant_path, options.out_dir, target, external_data=options.external_data
+    )
     report.stages["compile"] = compiled
     host = host_int()
     report.stages["host"] = {"isa": host.isa, "u8s8_exact": host.u8s8_exact, "integer_path": host.path}

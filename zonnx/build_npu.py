@@ -122,7 +122,9 @@ def compile_and_run(
 
     compiled = compile_model(quantized, target_name)
     tag = load_target(target_name).name  # a target given as a .toml path names files by its own name
-    compiled_path = compiled.save(out_dir / f"{quantized.stem}.{tag}.onnx", external_data=external_data or None)
+    compiled_path = compiled.save(
+        out_dir / f"{quantized.stem}.{tag}.onnx", external_data=external_data or None
+    )
     session = InferenceSession(
         str(quantized),
         providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],
