@@ -56,6 +56,7 @@ from zonnx.ir.io import (
     proto_limit,
     sweep_stale_temporaries,
     tensor_bytes,
+    write_failure,
 )
 from zonnx.verify import exact_integer_form
 
@@ -189,7 +190,7 @@ def save_compiled(
         os.replace(tmp_dir / data_name, folder / data_name)
         os.replace(tmp_dir / out.name, out)
     except (OSError, ValueError) as e:
-        raise ModelSaveError(f"{out}: writing failed ({e}); nothing was written.") from None
+        raise write_failure(out, e) from None
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("saved %s with external data %s (stored executable %s)", out, data_name, entry["id"])

@@ -39,6 +39,7 @@ __all__ = [
     "summary_line",
 ]
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -83,6 +84,7 @@ from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
 from zonnx.ir.io import check_external_files, check_structure, external_data_locations, load_proto
+from zonnx.ir.large import EXTERNAL_ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -91,10 +93,30 @@ class InvalidInputError(ZonnxError, ValueError):
     """A feed has the wrong name, shape or dtype (ORT's INVALID_ARGUMENT, naming the input)."""
 
 
+def _refuse_external_bytes(model: onnx.ModelProto) -> None:
+    """A model given as bytes or a proto has no folder: tensors it keeps in external data cannot be found,
+    so it must be opened by its path (ModelLoadError naming the data file and the fix)."""
+    refs = sorted(
+        loc
+        for loc in external_data_locations(model)
+        if not Path(loc).is_file() and not (Path(EXTERNAL_ROOT) / loc).is_file()  # lazily loaded models
+    )
+    if refs:
+        raise ModelLoadError(
+            f"the model was given as bytes but keeps tensors in external data ({', '.join(refs)}), which "
+            "has no folder to be read from; open it by its path: InferenceSession('DIR/MODEL.onnx')."
+        )
+
+
 def _read(path_or_bytes: Any) -> tuple[bytes, str]:
     if isinstance(path_or_bytes, bytes | bytearray):
+        light = onnx.ModelProto()
+        with contextlib.suppress(Exception):  # not parseable: _parse says so in one line
+            light.ParseFromString(bytes(path_or_bytes))
+        _refuse_external_bytes(light)
         return bytes(path_or_bytes), "model"
     if isinstance(path_or_bytes, onnx.ModelProto):
+        _refuse_external_bytes(path_or_bytes)
         return path_or_bytes.SerializeToString(), "model"
     path = Path(path_or_bytes)
     if not path.is_file():

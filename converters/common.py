@@ -30,6 +30,7 @@ from rich.table import Table
 from zonnx import __version__
 from zonnx.errors import ZonnxError
 from zonnx.ir.io import to_ir, to_proto
+from zonnx.ir.large import copy_model
 from zonnx.optimization import OptimizeOptions, optimize_with_report
 from zonnx.verify import cosine, run_ort
 
@@ -181,7 +182,7 @@ def finish(
     graph's input/output names are still ``input_names``/``output_names`` when given, and record the
     provenance in the metadata. Returns a new ModelProto (IR version loadable by ORT 1.31)."""
     result = optimize_with_report(
-        to_ir(onnx.ModelProto.FromString(model.SerializeToString())),
+        to_ir(copy_model(model)),  # a copy that never serializes (models past 2 GB)
         OptimizeOptions(target_opset=opset, pipeline="clean"),
     )
     cleaned = to_proto(result.model)

@@ -24,6 +24,7 @@ from zonnx.converters.common import (
 )
 from zonnx.errors import OptionError, VerificationError, did_you_mean
 from zonnx.ir.io import default_opset, load_proto, to_ir, to_proto
+from zonnx.ir.large import copy_model
 from zonnx.passes.common.shape_inference import ShapeInferencePass
 from zonnx.verify import make_inputs, run_ort
 
@@ -60,7 +61,7 @@ def set_input_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[Dim]]) 
     The rule: a fixed dim of the model can only be given its own size; a symbol replaced here is
     replaced in the outputs too; stale intermediate shapes are dropped (the clean pipeline re-infers them).
     """
-    out = onnx.ModelProto.FromString(model.SerializeToString())
+    out = copy_model(model)
     inputs = {vi.name: vi for vi in out.graph.input}
     renamed: dict[str, Dim] = {}
     for name, shape in shapes.items():
@@ -95,7 +96,7 @@ def set_input_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[Dim]]) 
 
 def _typed(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None) -> onnx.ModelProto:
     """The model with a value_info for every tensor zonnx's shape inference can type."""
-    ir_model = to_ir(onnx.ModelProto.FromString(model.SerializeToString()))
+    ir_model = to_ir(copy_model(model))
     ShapeInferencePass(shapes=shapes)(ir_model)
     return to_proto(ir_model)
 
@@ -188,7 +189,7 @@ def cut_model(
 
 def _with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
     """A copy of the model that also outputs the given intermediate tensors."""
-    out = onnx.ModelProto.FromString(model.SerializeToString())
+    out = copy_model(model)
     present = {o.name for o in out.graph.output}
     out.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names if n not in present)
     return out

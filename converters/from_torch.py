@@ -45,6 +45,7 @@ from zonnx.converters.common import (
     finish,
 )
 from zonnx.errors import VerificationError
+from zonnx.ir.large import copy_model
 
 logger = logging.getLogger(__name__)
 
@@ -188,15 +189,17 @@ def export_torch(
     """Export with the legacy (TorchScript) exporter in eval mode; errors become one-line ConversionErrors."""
     with contextlib.suppress(NotImplementedError):  # torch.export modules refuse .eval()
         module.eval()
-    buf = io.BytesIO()
     export_opset = min(opset, _EXPORTER_MAX_OPSET)
-    with warnings.catch_warnings(), _capture_output() as log:
+    # to a file, not a buffer: past 2 GB the exporter puts the weights in external data beside it
+    folder = tempfile.TemporaryDirectory(prefix="zonnx-export-")
+    path = os.path.join(folder.name, "model.onnx")
+    with folder, warnings.catch_warnings(), _capture_output() as log:
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
                 module,
                 args,
-                buf,
+                path,
                 dynamo=False,
                 opset_version=export_opset,
                 input_names=list(input_names),
@@ -207,9 +210,11 @@ def export_torch(
             error = None
         except Exception as e:  # the exporter raises RuntimeError, OnnxExporterError, TypeError, ...
             error = e
+        if error is None:
+            model = onnx.load(path)  # external data, if any, read into the proto (never serialized whole)
     if error is not None:
         raise _short_export_error(error, log.getvalue(), export_opset) from None
-    return onnx.load_from_string(buf.getvalue())
+    return model
 
 
 # ---------------------------------------------------------------- quantized models
@@ -247,7 +252,7 @@ def quant_input_ranges(model: onnx.ModelProto) -> dict[str, tuple[float, float]]
 def codes_view(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Any]:
     """A copy of ``model`` whose outputs made by a per-tensor DequantizeLinear give the integer codes
     instead, and a function turning the source's outputs (keys "0", "1", ...) into the same codes."""
-    view = onnx.ModelProto.FromString(model.SerializeToString())
+    view = copy_model(model)  # never serialized: works past 2 GB
     producers = {o: n for n in view.graph.node for o in n.output}
     params: dict[str, tuple[float, int, np.dtype]] = {}
     for i, out in enumerate(view.graph.output):

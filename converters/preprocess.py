@@ -41,6 +41,7 @@ import onnx_ir as ir
 from zonnx.converters.common import DEFAULT_MIN_COSINE, OutputCheck, check_against_source
 from zonnx.errors import OptionError
 from zonnx.ir.io import ModelLike, to_ir, to_proto
+from zonnx.ir.large import copy_model
 from zonnx.verify import DEFAULT_DIM, make_inputs, run_ort
 
 logger = logging.getLogger(__name__)
@@ -188,7 +189,7 @@ def fold_preprocessing(
 ) -> onnx.ModelProto:
     """Return a copy of ``model`` whose image input takes raw images (see the module docstring)."""
     pre = Preprocess(tuple(mean), tuple(scale), pixel_format, layout, input_dtype, model_format, model_layout)
-    work = to_ir(onnx.ModelProto.FromString(to_proto(model).SerializeToString()))
+    work = to_ir(copy_model(to_proto(model)))
     graph = work.graph
     old = _image_input(work, input_name)
     mlayout, channels = _layout(old, pre)

@@ -40,6 +40,7 @@ import onnx_ir as ir
 
 from zonnx.converters.common import ConversionError
 from zonnx.ir.io import default_opset, to_proto
+from zonnx.ir.large import copy_model
 from zonnx.ir.names import NameSource
 from zonnx.passes.base import Changes, ZonnxPass
 from zonnx.passes.fusion.matching import const_array, label, prune, replace_value
@@ -395,7 +396,7 @@ def qoperator_to_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     Per-channel parameters need opset 13 (DequantizeLinear ``axis``): an older model is upgraded first.
     Raises ConversionError when an integer op is left that the pass could not rewrite.
     """
-    work = ir.serde.deserialize_model(onnx.ModelProto.FromString(model.SerializeToString()))
+    work = ir.serde.deserialize_model(copy_model(model))
     if default_opset(work) < 13 and _needs_axis(work):
         from zonnx.passes.common.opset_upgrade import OpsetUpgradePass
 

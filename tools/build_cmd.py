@@ -42,6 +42,9 @@ def build(
     ),
     from_stage: str = typer.Option(None, "--from", help="With a config: re-run from this stage on."),
     only: str = typer.Option(None, "--only", help="With a config: run only this stage."),
+    external_data: bool = typer.Option(
+        False, "--external-data", help="Write each model's weights to NAME.onnx.data (automatic past 2 GB)."
+    ),
     ray: bool = typer.Option(
         False, "--ray", help="With a config: evaluate as Ray tasks ([evaluate] backend)."
     ),
@@ -72,6 +75,7 @@ def build(
             verify=verify,
             target=None if no_deploy else target,
             calib=calib,
+            external_data=external_data,
         ),
         console,
     )

@@ -40,6 +40,11 @@ def compile(  # noqa: A001 - the subcommand's name
     verbose: bool = typer.Option(
         False, "--verbose", help="List subgraph tensors and every CPU node with its reason."
     ),
+    external_data: bool = typer.Option(
+        False,
+        "--external-data",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
+    ),
     json_: bool = typer.Option(False, "--json", help="Print the partition as JSON instead of tables."),
 ) -> None:
     """Compile MODEL for an NPU target: each NPU subgraph becomes one com.zonnx NpuSubgraph node.
@@ -57,8 +62,8 @@ def compile(  # noqa: A001 - the subcommand's name
         input_shapes=parse_input_shapes(input_shape),
         strict=strict,
     )
-    if compiled.wants_external():  # weights and the stored executable beside it (compiled_store)
-        compiled.save(out)
+    if external_data or compiled.wants_external():  # weights and stored executable beside it (compiled_store)
+        compiled.save(out, external_data=True)
     else:
         save_model(compiled.model, out, input_path=model)
     if json_:

@@ -159,6 +159,11 @@ def convert(
     ),
     layout: str = typer.Option(None, "--layout", help="Raw image layout: nchw or nhwc."),
     input_dtype: str = typer.Option(None, "--input-dtype", help="Raw image dtype: float32 or uint8."),
+    external_data: bool = typer.Option(
+        False,
+        "--external-data",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
+    ),
     preprocess_input: str = typer.Option(
         None, "--preprocess-input", help="Image input to fold preprocessing into."
     ),
@@ -213,5 +218,5 @@ def convert(
     else:
         console.print("numeric check skipped (--no-check)", markup=False)
     _render_ops(converted.ops_before, converted.ops_after)
-    save_model(result.model, output)
+    save_model(result.model, output, external_data=external_data or None)
     err_console.print(f"wrote {output}", markup=False)

@@ -53,6 +53,11 @@ def optimize(
     inplace: bool = typer.Option(
         False, "--inplace", help="Allow OUTPUT to be the input file (or omit OUTPUT)."
     ),
+    external_data: bool = typer.Option(
+        False,
+        "--external-data",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     list_passes: bool = typer.Option(False, "--list-passes", help="List passes and pipelines, then exit."),
 ) -> None:
@@ -92,7 +97,7 @@ def optimize(
             result = optimize_with_report(proto, options, progress=lambda n: status.update(f"pass {n}"))
     else:
         result = optimize_with_report(proto, options)
-    save_model(result.model, output, input_path=model, inplace=inplace)
+    save_model(result.model, output, input_path=model, inplace=inplace, external_data=external_data or None)
     if as_json:
         console.print_json(
             json.dumps({"input": str(model), "output": str(output), **pipeline_report_dict(result.report)})

@@ -247,6 +247,11 @@ def quantize(
     fast_finetune_iters: int = typer.Option(
         None, "--fast-finetune-iters", help="Fast finetune steps per layer (default 1000)."
     ),
+    external_data: bool = typer.Option(
+        False,
+        "--external-data",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
+    ),
     requantize: bool = typer.Option(
         False,
         "--requantize",
@@ -339,6 +344,7 @@ def quantize(
         if per_channel is not None
         else cfg_file.get("per_channel", tdef.get("per_channel", not tdef)),
         reduce_range=cfg_file.get("reduce_range", False),
+        use_external_data_format=external_data,
         activation_type=activation_type
         or cfg_file.get("activation_type", tdef.get("activation_type", "int8")),
         weight_type=weight_type or cfg_file.get("weight_type", "int8"),

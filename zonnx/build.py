@@ -44,6 +44,8 @@ class BuildOptions:
         target: NPU target to quantize for, compile for and run on (default "dpu-b4096"); None stops
             after optimizing.
         calib: calibration data for models outside the zoo (folder, .npz, FILE.py:FUNC).
+        external_data: write every model's weights to ``NAME.onnx.data`` beside it (default False:
+            automatic past 2 GB only).
     """
 
     model: str = "digits_cnn"
@@ -52,6 +54,7 @@ class BuildOptions:
     verify: bool = True
     target: str | None = "dpu-b4096"
     calib: str | None = None
+    external_data: bool = False
 
 
 @dataclasses.dataclass
@@ -106,14 +109,18 @@ def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console
     quant_path = _output_paths(options, optimized.stem.removesuffix(".opt"))["quantized model"]
     reader = calibration_feeds(options.model, options.calib, load_proto(optimized))
     with console.status(f"quantizing for {target}"):
-        report.stages["quantize"] = quantize_for_target(optimized, quant_path, target, reader)
+        report.stages["quantize"] = quantize_for_target(
+            optimized, quant_path, target, reader, external_data=options.external_data
+        )
     q = report.stages["quantize"]
     console.print(
         f"quantize: {q['format']} / {q['method']} for {target}: {q['quantized']}; "
         f"target rules {q['target_rules'] or 'no change needed'}; worst layer {q['worst_layer']}",
         markup=False,
     )
-    session, compiled = compile_and_run(quant_path, options.out_dir, target)
+    session, compiled = compile_and_run(
+        quant_path, options.out_dir, target, external_data=options.external_data
+    )
     report.stages["compile"] = compiled
     host = host_int()
     report.stages["host"] = {"isa": host.isa, "u8s8_exact": host.u8s8_exact, "integer_path": host.path}
@@ -206,7 +213,7 @@ def _run_build(options: BuildOptions, console: Console) -> BuildReport:
         result = optimize_with_report(proto, opt)
     outputs = _output_paths(options, src.stem)
     optimized_path = outputs["optimized model"]
-    save_model(result.model, optimized_path, input_path=src)
+    save_model(result.model, optimized_path, input_path=src, external_data=options.external_data or None)
     render_pipeline_report(result.report, console)
     report.stages["optimize"] = {"output": str(optimized_path), **pipeline_report_dict(result.report)}
 

@@ -90,11 +90,15 @@ def target_quantize_kwargs(target_name: str, quant_format: Any = None) -> dict[s
     return kwargs
 
 
-def quantize_for_target(optimized: Path, out: Path, target_name: str, reader: Any) -> dict[str, Any]:
-    """Quantize ``optimized`` to ``out`` the way ``target_name`` needs; returns the stage's report."""
+def quantize_for_target(
+    optimized: Path, out: Path, target_name: str, reader: Any, *, external_data: bool = False
+) -> dict[str, Any]:
+    """Quantize ``optimized`` to ``out`` the way ``target_name`` needs (weights in ``out.data`` with
+    ``external_data``, else automatic past 2 GB); returns the stage's report."""
     from zonnx.quantization.api import quantize_static
 
     kwargs = target_quantize_kwargs(target_name)
+    kwargs["use_external_data_format"] = external_data
     result = quantize_static(optimized, out, reader, **kwargs)
     worst = result.report.worst if result.report is not None else None
     return {
@@ -107,15 +111,20 @@ def quantize_for_target(optimized: Path, out: Path, target_name: str, reader: An
     }
 
 
-def compile_and_run(quantized: Path, out_dir: Path, target_name: str) -> tuple[Any, dict[str, Any]]:
-    """Compile for the NPU (cached under out_dir/cache) and open the NPU session; returns it and a report."""
+def compile_and_run(
+    quantized: Path, out_dir: Path, target_name: str, *, external_data: bool = False
+) -> tuple[Any, dict[str, Any]]:
+    """Compile for the NPU (cached under out_dir/cache) and open the NPU session; returns it and a report.
+    The compiled model keeps its weights in external data with ``external_data`` (else past 2 GB)."""
     from zonnx.backend.compile_api import compile_model
     from zonnx.backend.session import InferenceSession
     from zonnx.backend.targets import load_target
 
     compiled = compile_model(quantized, target_name)
     tag = load_target(target_name).name  # a target given as a .toml path names files by its own name
-    compiled_path = compiled.save(out_dir / f"{quantized.stem}.{tag}.onnx")
+    compiled_path = compiled.save(
+        out_dir / f"{quantized.stem}.{tag}.onnx", external_data=external_data or None
+    )
     session = InferenceSession(
         str(quantized),
         providers=["ZonnxNPUExecutionProvider", "CPUExecutionProvider"],

@@ -14,6 +14,7 @@ __all__ = [
     "to_proto",
     "save_model",
     "write_bytes_atomic",
+    "write_failure",
     "current_umask",
     "external_data_locations",
     "check_external_files",
@@ -30,6 +31,7 @@ __all__ = [
     "tensor_bytes",
 ]
 
+import errno
 import logging
 import os
 import shutil
@@ -92,9 +94,15 @@ def check_external_files(model: onnx.ModelProto, base_dir: Path, where: str) -> 
     naming the missing files."""
     missing = sorted(loc for loc in external_data_locations(model) if not (base_dir / loc).is_file())
     if missing:
+        first = next(
+            t.name
+            for t in onnx.external_data_helper._get_all_tensors(model)
+            if onnx.external_data_helper.uses_external_data(t)
+            and onnx.external_data_helper.ExternalDataInfo(t).location == missing[0]
+        )
         raise ModelLoadError(
-            f"{where}: external data file(s) {', '.join(missing)} not found next to the model; "
-            "copy them into the model's folder."
+            f"{where}: external data file(s) {', '.join(missing)} not found next to the model (tensor "
+            f"{first!r} is stored there); copy them into the model's folder."
         )
 
 
@@ -330,11 +338,26 @@ def save_model(
                 f.write(data[len(data) // 2 :])
         os.replace(tmp_model, out)
     except (OSError, ValueError) as e:
-        raise ModelSaveError(f"{out}: writing failed ({e}); nothing was written.") from None
+        raise write_failure(out, e) from None
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info("saved %s", out)
     return out
+
+
+#: errno values of a full disk, a quota or the file-size limit (RLIMIT_FSIZE): the output did not fit.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+def write_failure(out: Path, e: OSError | ValueError) -> ModelSaveError:
+    """The one-line error for a save that failed (its temporaries already removed): a full disk, quota or
+    file-size limit says so and what to do; any other failure quotes the system's reason."""
+    if isinstance(e, OSError) and e.errno in _NO_ROOM:
+        return ModelSaveError(
+            f"{out}: writing failed: no room for it ({e.strerror}: the disk is full or a quota or file-size "
+            f"limit was reached); nothing was written; free space in {out.parent} or choose another folder."
+        )
+    return ModelSaveError(f"{out}: writing failed ({e}); nothing was written.")
 
 
 def proto_limit() -> int:

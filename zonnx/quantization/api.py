@@ -363,7 +363,8 @@ def quantize_static(
         imported.drop_grids()  # --requantize: the dequantized model is calibrated from scratch
     elif cfg.extra.prequant_requantize:
         logger.warning("PrequantRequantize: the model is not pre-quantized; the option changes nothing")
-    actions = prequant.pin_for_plan(plan, imported, model, has_data) if imported is not None else {}
+    dtypes = target.quant.activation_dtypes if target is not None else ()
+    actions = prequant.pin_for_plan(plan, imported, model, has_data, dtypes) if imported is not None else {}
     float_model = to_proto(model)
     stats_path = cfg.extra.load_stats
     cache = cached = None

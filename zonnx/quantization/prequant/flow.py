@@ -4,7 +4,9 @@
    calibration data (their activation ranges change per run), refused in one line without it. Dynamic
    imports then fold their float bias Adds into Conv/Gemm (``fold-conv-affine``, ``canonicalize-gemm``).
 2. ``pin_for_plan``: after annotation, planned activations take the imported ranges (``retarget``); a
-   tensor that has none needs calibration data, else one line names it.
+   tensor that has none needs calibration data, else one line names it. On a symmetric target that also
+   lists unsigned codes (bm1684x), a non-negative range keeps them (zero point 0) rather than a step twice
+   as coarse.
 3. ``finish_report``: the per-tensor changes and, with calibration samples, the retargeted model's outputs
    against the source model's.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 __all__ = ["import_for_quantize", "pin_for_plan", "finish_report", "grid_changes"]
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import onnx
@@ -27,6 +30,7 @@ from zonnx.quantization.prequant.retarget import (
     RetargetReport,
     compare_outputs,
     grid_changes,
+    keep_unsigned,
     pin_ranges,
 )
 
@@ -70,9 +74,20 @@ def _follow_renamed_weights(model: ir.Model, imported: ImportedModel) -> None:
             imported.weights[new] = grid
 
 
-def pin_for_plan(plan: QuantPlan, imported: ImportedModel, model: ir.Model, has_data: bool) -> dict[str, str]:
-    """Pin imported ranges on the plan; without data every planned activation must have one."""
+def pin_for_plan(
+    plan: QuantPlan,
+    imported: ImportedModel,
+    model: ir.Model,
+    has_data: bool,
+    activation_dtypes: Sequence[str] = (),
+) -> dict[str, str]:
+    """Pin imported ranges on the plan; without data every planned activation must have one. Non-negative
+    ranges keep unsigned codes where the target's ``activation_dtypes`` allow them (``keep_unsigned``)."""
     actions = pin_ranges(plan, imported, model)
+    if activation_dtypes:
+        n = keep_unsigned(plan, imported, activation_dtypes)
+        if n:
+            logger.info("%d non-negative activation range(s) keep unsigned codes with zero point 0", n)
     missing = [n for n, a in actions.items() if a == "calibrated"]
     if missing and not has_data:
         raise OptionError(

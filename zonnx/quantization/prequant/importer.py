@@ -210,6 +210,12 @@ class _Importer:
                 why = self.activation(node, producer)
             elif producer is not None and self._code_chain(producer) is not None:
                 why = self.moved_codes(node, producer)
+            elif (
+                producer is not None
+                and producer.op_type == "Gather"
+                and const_array(producer.inputs[0]) is not None
+            ):
+                why = self.gathered_constant(node, producer)
             elif producer is not None and producer.op_type == "DynamicQuantizeLinear":
                 x = producer.inputs[0]
                 replace_value(node.outputs[0], x)
@@ -226,6 +232,30 @@ class _Importer:
             inputs = list(node.inputs)
             self.graph.remove(node, safe=True)
             self._drop_unused(inputs)
+
+    def gathered_constant(self, dq: ir.Node, gather: ir.Node) -> str | None:
+        """DQ(Gather(C, i)) with constant codes C (ORT's quantized embedding tables) -> Gather(float C, i):
+        rows are selected from the dequantized table, whose grid the Gather output keeps."""
+        table, s_v = gather.inputs[0], dq.inputs[1]
+        z_v = dq.inputs[2] if len(dq.inputs) > 2 else None
+        codes, scale = const_array(table), const_array(s_v)
+        zp = const_array(z_v) if z_v is not None else None
+        if scale is None or scale.size != 1 or (z_v is not None and zp is None):
+            return f"{label(dq)}: a gathered table whose grid is not one constant scale; kept"
+        real = _dequantized(codes, scale, zp, 0)
+        name = self.fresh(f"{table.name}_float" if table.name else "table_float")
+        value = ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(real.shape),
+                         const_value=ir.tensor(real, name=name))  # fmt: skip
+        self.graph.register_initializer(value)
+        y = ir.Value(name=self.fresh(f"{gather.outputs[0].name}_float"))
+        twin = ir.Node(gather.domain, gather.op_type, [value, *gather.inputs[1:]], list(gather.attributes.values()),
+                       outputs=[y], name=self.fresh(f"{gather.name or 'Gather'}_float"))  # fmt: skip
+        self.graph.insert_before(dq, twin)
+        replace_value(dq.outputs[0], y)
+        grid = grid_from_arrays(scale, zp, int(table.dtype), None)
+        if grid is not None:  # the gathered rows are codes of the table's grid
+            self.out.activations.setdefault(y.name, grid)
+        return None
 
     def _code_chain(self, node: ir.Node) -> ir.Node | None:
         """The QuantizeLinear at the start of a chain of code-moving ops ending at ``node``, else None."""

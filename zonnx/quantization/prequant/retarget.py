@@ -18,7 +18,7 @@ model run by ONNX Runtime (cosine, SQNR); without samples no check is done, and 
 
 from __future__ import annotations
 
-__all__ = ["GridChange", "RetargetReport", "pin_ranges", "grid_changes", "compare_outputs"]
+__all__ = ["GridChange", "RetargetReport", "pin_ranges", "keep_unsigned", "grid_changes", "compare_outputs"]
 
 import dataclasses
 import logging
@@ -34,7 +34,7 @@ import onnx_ir as ir
 from zonnx.quantization.plan import QuantPlan, Role
 from zonnx.quantization.prequant.grids import Grid
 from zonnx.quantization.prequant.importer import ImportedModel
-from zonnx.quantization.schemes import QuantParams, dequantize, quantize
+from zonnx.quantization.schemes import QuantParams, dequantize, qdtype, quantize
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,30 @@ def pin_ranges(plan: QuantPlan, imported: ImportedModel, model: ir.Model) -> dic
     for n in todo:
         actions.setdefault(n, "calibrated")
     return actions
+
+
+def keep_unsigned(plan: QuantPlan, imported: ImportedModel, activation_dtypes: Sequence[str]) -> int:
+    """Pinned activations whose range holds no negative value take unsigned codes with zero point 0
+    when the target lists that unsigned type (e.g. bm1684x: uint8 for non-negative tensors, as TPU-MLIR
+    does), instead of a symmetric signed grid twice as coarse; returns how many changed.
+
+    The rule: spec symmetric, signed, not power-of-two; ``u<bits>`` in ``activation_dtypes``; fixed range
+    ``[lo, hi]`` with ``lo >= 0``. The tensor is then quantized asymmetric unsigned on ``[0, hi]``, which
+    gives zero point 0 and step ``hi / (2^bits - 1)`` (the source's own grid when it was ``u8, z=0``).
+    """
+    changed = 0
+    for name in plan.activations():
+        tp = plan.tensors[name]
+        spec, rng = tp.spec, tp.fixed_range
+        if rng is None or not spec.symmetric or not spec.dtype.signed or spec.power_of_two or tp.fixed_params:
+            continue
+        unsigned = "u" + spec.dtype.name
+        if unsigned not in activation_dtypes or rng[0] < 0 or rng[1] <= 0:
+            continue
+        tp.spec = dataclasses.replace(spec, dtype=qdtype(unsigned), symmetric=False, restricted=False)
+        tp.fixed_range = (0.0, float(rng[1]))
+        changed += 1
+    return changed
 
 
 def _describe(p: QuantParams) -> str:
