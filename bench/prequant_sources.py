@@ -45,18 +45,25 @@ class _Reader:
 
 def _preprocessed(zoo_name: str, folder: Path) -> Path:
     """ORT's own pre-processing (``quant_pre_process``: shape inference, BN folding) as its docs ask."""
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
     import zonnx.zoo as zoo
 
     pre = folder / f"{zoo_name}_pre.onnx"
+    # ORT's pre-processing writes a uuid-named external data file into the working directory for some
+    # models (the trained BERT): run it inside the bench's own folder
     if not pre.exists():
-        try:
-            quant_pre_process(str(zoo.get(zoo_name)), str(pre))
-        except Exception:  # noqa: BLE001 - ORT's symbolic shape inference gives up on attention masks
-            logger.info("%s: ORT's symbolic shape inference failed; pre-processing without it", zoo_name)
-            quant_pre_process(str(zoo.get(zoo_name)), str(pre), skip_symbolic_shape=True)
+        with contextlib.chdir(folder):
+            _ort_pre_process(zoo.get(zoo_name), pre)
     return pre
+
+
+def _ort_pre_process(src: Path, pre: Path) -> None:
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        quant_pre_process(str(src), str(pre))
+    except Exception:  # noqa: BLE001 - ORT's symbolic shape inference gives up on attention masks
+        logger.info("%s: ORT's symbolic shape inference failed; pre-processing without it", src.name)
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
 
 
 def ort_static(zoo_name: str, folder: Path, fmt: str, feeds: list[dict[str, np.ndarray]]) -> Path:
