@@ -275,7 +275,7 @@ def _session(
     from zonnx.ir.large import ort_session
 
     try:
-        return ort_session(proto, opts, providers)  # past 2 GiB: weights as OrtValues, no one protobuf
+        return ort_session(proto, opts, providers, weights_as_values=True)  # weights not serialized
     except Exception as e:  # ORT's exception classes share no public base
         raise VerificationError(
             f"{what}: onnxruntime cannot load it ({str(e).strip().splitlines()[0]})."
