@@ -39,6 +39,7 @@ import itertools
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -357,11 +358,8 @@ def layer_report(
     n_layers = len(items)
     items += [(_Match(f, q, "output"), entry(f, q, "output"), MetricSums()) for f, q in pairs]
     skipped: dict[int, str] = {}  # item index -> reason
-    samples = 0
-    for index, sample in enumerate(_samples(feeds_list, max_samples)):
-        fvals = _run(fsess, sample, tracer.inputs, "float model", index)
-        qvals = _run(qsess, sample, tracer.inputs, "quantized model", index)
-        samples += 1
+
+    def fold(fvals: dict[str, np.ndarray], qvals: dict[str, np.ndarray]) -> None:
         for i, (match, stats, sums) in enumerate(items):
             if i in skipped:
                 continue
@@ -379,7 +377,22 @@ def layer_report(
                 continue
             stats.shape = list(x.shape)
             sums.update(x, q)
-        del fvals, qvals
+
+    samples = 0
+    # a sample's metrics are folded in a worker thread while the next sample runs (ORT and numpy release
+    # the GIL); one fold at a time, in sample order, so the sums are those of a serial loop
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="zonnx-report") as pool:
+        pending = None
+        for index, sample in enumerate(_samples(feeds_list, max_samples)):
+            fvals = _run(fsess, sample, tracer.inputs, "float model", index)
+            qvals = _run(qsess, sample, tracer.inputs, "quantized model", index)
+            samples += 1
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(fold, fvals, qvals)
+            del fvals, qvals
+        if pending is not None:
+            pending.result()
     if samples == 0:
         raise OptionError("feeds_list gave no samples; pass at least one input dict.")
     kept = [sums.fill(stats) for i, (_, stats, sums) in enumerate(items) if i not in skipped]
