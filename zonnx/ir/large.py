@@ -233,6 +233,14 @@ def model_digest(model: onnx.ModelProto | str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+#: Tensor types ORT takes as OrtValues from numpy (others, e.g. int4, float8, bfloat16, stay in the graph).
+_VALUE_TYPES = frozenset({
+    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
+    onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL,
+})  # fmt: skip
+
+
 def _copy_fields(src: Any, dst: Any, skip: str) -> None:
     """Copy every set field of protobuf message ``src`` into ``dst`` except the field ``skip``."""
     for field, value in src.ListFields():
@@ -269,7 +277,11 @@ def ort_session(
     _copy_fields(model.graph, light.graph, "initializer")
     names, values = [], []
     for init in model.graph.initializer:
-        if init.ByteSize() >= 1024 and init.data_location != onnx.TensorProto.EXTERNAL:
+        if (
+            init.data_type in _VALUE_TYPES
+            and init.data_location != onnx.TensorProto.EXTERNAL
+            and init.ByteSize() >= 1024
+        ):
             ph = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
             ph.data_location = onnx.TensorProto.EXTERNAL
             ph.external_data.add(key="location", value="zonnx-session-weights")
