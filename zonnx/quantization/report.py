@@ -271,6 +271,9 @@ def _session(
     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(extra) if n not in have)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
+    # no spin-waiting between ops: on a loaded host ORT's spinning threads took the CPU that the Python
+    # work between runs needs; same threads and work split, so the same values
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
     from zonnx.ir.large import ort_session

@@ -123,6 +123,9 @@ def calibration_session(
     opts = ort.SessionOptions()
     opts.graph_optimization_level = level
     opts.log_severity_level = 3
+    # no spin-waiting between ops: on a loaded host ORT's spinning threads took the CPU that the Python
+    # work between runs needs; same threads and work split, so the same values
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if sum(w.ByteSize() for w in aug.weights) > proto_limit():  # past 2 GiB: no packed copy of weights
         opts.add_session_config_entry("session.disable_prepacking", "1")
     session_folder(opts, aug.model)  # a lazily loaded model: ORT maps its weights from their files
