@@ -114,8 +114,9 @@ class ExtraOptions:
     calib_momentum: float = 0.9
     # calibration batches cut into this many shards, run through quantize_static's calibration_executor
     calib_shards: int = 1
-    # samples per calibration run for models of fixed batch 1 (calibration.batching); 1 = one at a time
-    calib_batch: int = 8
+    # samples of batch 1 per calibration run (calibration.batching); 1 = one at a time (the default: on
+    # CNNs at 224x224 batches of 8 ran slower on the 2-core reference host, docs/benchmarks.md)
+    calib_batch: int = 1
     # None = ORT's rule: symmetric signed types use the restricted range [-(2^(b-1)-1), 2^(b-1)-1],
     # except power-of-two quantization, which uses the full range as vai_q_onnx does.
     activation_restricted_range: bool | None = None

@@ -1,7 +1,8 @@
 """Batched calibration runs: N samples in one ORT run, each sample's statistics still its own.
 
-Samples of one image each (every input's leading dim 1) run one at a time, and ORT runs a batch of 1 at
-a lower throughput than a batch of 8. ``make_batched`` turns the calibration
+Samples of one image each (every input's leading dim 1) run one at a time; ORT may run a batch of 8 at a
+higher throughput (for small inputs: fewer per-run costs; for 224x224 CNNs on a 2-core host it was
+slower, hence ``CalibBatch`` 1 by default). ``make_batched`` turns the calibration
 model (built with ``augment.build(..., per_sample=True)``) into one that takes N samples stacked along
 axis 0 when the graph allows it:
 

@@ -11,7 +11,7 @@ does not line up with power-of-two or common channel sizes; the first batch's st
 inference on its input shapes (step 1, every value, where that fails), later ones from the previous
 batch's sizes. Below opset 10 (no Slice steps) every value is counted. Extrema, counts and moments
 always cover every value.
-With ``batch`` > 1 and a model of fixed batch 1, several samples run in one ORT run and are folded one
+With ``batch`` > 1, samples of leading dim 1 run several to an ORT run and are folded one
 by one as if run alone (``batching``; the statistics are the same, checked bit for bit on the first batch).
 Histogram updates run in a worker thread, overlapping the next ORT run (which releases the GIL), with
 at most two batches queued, so memory stays flat however many samples there are.
