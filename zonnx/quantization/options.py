@@ -325,7 +325,9 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
         )
     _refuse_unimplemented(opts)
     if opts.calib_batch < 1:
-        raise OptionError(f"extra_options['CalibBatch'] = {opts.calib_batch}: give at least 1 sample per run.")
+        raise OptionError(
+            f"extra_options['CalibBatch'] = {opts.calib_batch}: give at least 1 sample per run."
+        )
     if opts.calib_shards < 1:
         raise OptionError(f"extra_options['CalibShards'] = {opts.calib_shards}: give at least 1 shard.")
     if not 0 < opts.calib_momentum < 1:

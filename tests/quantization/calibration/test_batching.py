@@ -10,6 +10,7 @@ import pytest
 
 from tests.quantization.calibration.test_shards import assert_same_stats
 from zonnx import zoo
+from zonnx.errors import OptionError
 from zonnx.ir.io import to_proto
 from zonnx.quantization.api import quantize_static
 from zonnx.quantization.calibration.collector import collect
@@ -132,3 +133,10 @@ def test_reshape_to_leading_one_is_rewritten(caplog) -> None:
         batched = collect(model, ["x", "r", "y"], ListReader(feeds), batch=4, **KW)
     assert "batches of 4 samples" in caplog.text
     assert_same_stats(one, batched)
+
+
+def test_calib_batch_below_one_is_refused(tmp_path) -> None:
+    with pytest.raises(OptionError, match=r"CalibBatch'\] = 0"):
+        quantize_static(
+            zoo.get("digits_cnn"), tmp_path / "q.onnx", ListReader(_feeds(1)), extra_options={"CalibBatch": 0}
+        )
