@@ -43,7 +43,11 @@ def bench_quantize_call(ctx: BenchContext) -> list[Measurement]:
     n_calib = 8 if ctx.quick else 32
     ctx.describe(
         ["resnet18-random"],
-        {"calibration images": n_calib, "zonnx report samples": ExtraOptions().report_samples},
+        {
+            "calibration images": n_calib,
+            "zonnx report samples": ExtraOptions().report_samples,
+            "zonnx CalibBatch": ExtraOptions().calib_batch,
+        },
         {"calibration": 1},
         f"QDQ int8, {ROUNDS} rounds after {WARMUP} warm-up, medians",
     )

@@ -65,6 +65,17 @@ def test_ort_session_and_digest_without_one_protobuf(tmp_path: Path, small_limit
     assert model_digest(load_proto(src)) != d_proto
 
 
+def test_ort_session_weights_as_values_below_the_limit(tmp_path: Path) -> None:
+    proto = load_proto(chain(tmp_path / "m.onnx"))
+    assert not is_large(proto)
+    x = np.random.default_rng(2).standard_normal((1, D)).astype(np.float32)
+    want = ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})[0]
+    sess = ort_session(proto, weights_as_values=True)
+    assert len(sess._zonnx_weights) == LAYERS  # every weight went in as an OrtValue
+    assert np.array_equal(want, sess.run(None, {"x": x})[0])
+    assert len(proto.graph.initializer) == LAYERS and proto.graph.initializer[0].raw_data  # input untouched
+
+
 def test_every_command_keeps_external_data(tmp_path: Path, small_limit: None) -> None:
     src = chain(tmp_path / "m.onnx")
     np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).standard_normal((8, D)).astype(np.float32))

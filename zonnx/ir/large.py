@@ -233,23 +233,55 @@ def model_digest(model: onnx.ModelProto | str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def ort_session(model: onnx.ModelProto, options: Any = None, providers: Sequence[Any] | None = None) -> Any:
-    """An onnxruntime session for ``model`` that never serializes it whole: past ``proto_limit()`` its
-    initializers of 1 KiB or more are declared external and handed to ORT as OrtValues
-    (``SessionOptions.add_external_initializers``), so no 2 GiB protobuf is built and nothing is written."""
+#: Tensor types ORT takes as OrtValues from numpy (others, e.g. int4, float8, bfloat16, stay in the graph).
+_VALUE_TYPES = frozenset({
+    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
+    onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL,
+})  # fmt: skip
+
+
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    """Copy every set field of protobuf message ``src`` into ``dst`` except the field ``skip``."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def ort_session(
+    model: onnx.ModelProto,
+    options: Any = None,
+    providers: Sequence[Any] | None = None,
+    *,
+    weights_as_values: bool = False,
+) -> Any:
+    """An onnxruntime session for ``model`` that never serializes it whole: past ``proto_limit()`` (or
+    always, with ``weights_as_values``: faster for a model of many MB) its initializers of 1 KiB or more
+    are declared external and handed to ORT as OrtValues (``SessionOptions.add_external_initializers``),
+    so no 2 GiB protobuf is built, the weights are not copied into one, and nothing is written."""
     import onnxruntime as ort
 
     opts = options or ort.SessionOptions()
     providers = list(providers or ["CPUExecutionProvider"])
     session_folder(opts, model)
-    if not is_large(model):
+    if not weights_as_values and not is_large(model):
         return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
-    del light.graph.initializer[:]
+    light = onnx.ModelProto()  # the model without its initializers (no copy of the weights)
+    _copy_fields(model, light, "graph")
+    _copy_fields(model.graph, light.graph, "initializer")
     names, values = [], []
     for init in model.graph.initializer:
-        if init.ByteSize() >= 1024 and init.data_location != onnx.TensorProto.EXTERNAL:
+        if (
+            init.data_type in _VALUE_TYPES
+            and init.data_location != onnx.TensorProto.EXTERNAL
+            and init.ByteSize() >= 1024
+        ):
             ph = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
             ph.data_location = onnx.TensorProto.EXTERNAL
             ph.external_data.add(key="location", value="zonnx-session-weights")

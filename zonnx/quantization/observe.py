@@ -165,7 +165,7 @@ def calibrate_plan(
                 "calibration_data_reader is None: give calibration data (a CalibrationDataReader, "
                 "zonnx quantize --calib DIR_OR_NPZ) or saved statistics (extra_options LoadStats)."
             )
-        run = collect
+        run = functools.partial(collect, batch=cfg.extra.calib_batch)
         if cfg.extra.calib_shards > 1:
             from zonnx.quantization.calibration.shards import collect_sharded
 

@@ -114,6 +114,9 @@ class ExtraOptions:
     calib_momentum: float = 0.9
     # calibration batches cut into this many shards, run through quantize_static's calibration_executor
     calib_shards: int = 1
+    # samples of batch 1 per calibration run (calibration.batching); 1 = one at a time (the default: on
+    # CNNs at 224x224 batches of 8 ran slower on the 2-core reference host, docs/benchmarks.md)
+    calib_batch: int = 1
     # None = ORT's rule: symmetric signed types use the restricted range [-(2^(b-1)-1), 2^(b-1)-1],
     # except power-of-two quantization, which uses the full range as vai_q_onnx does.
     activation_restricted_range: bool | None = None
@@ -184,6 +187,7 @@ KNOWN_KEYS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "CalibNStd": ("calib_nstd", (int, float)),
     "CalibMomentum": ("calib_momentum", (int, float)),
     "CalibShards": ("calib_shards", int),
+    "CalibBatch": ("calib_batch", int),
     "ActivationRestrictedRange": ("activation_restricted_range", (bool, type(None))),
     "WeightRestrictedRange": ("weight_restricted_range", (bool, type(None))),
     "Target": ("target", (str, type(None))),
@@ -320,6 +324,10 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
             "the activation range moved into the weights)."
         )
     _refuse_unimplemented(opts)
+    if opts.calib_batch < 1:
+        raise OptionError(
+            f"extra_options['CalibBatch'] = {opts.calib_batch}: give at least 1 sample per run."
+        )
     if opts.calib_shards < 1:
         raise OptionError(f"extra_options['CalibShards'] = {opts.calib_shards}: give at least 1 shard.")
     if not 0 < opts.calib_momentum < 1:

@@ -39,6 +39,7 @@ import itertools
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -270,12 +271,15 @@ def _session(
     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(extra) if n not in have)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
+    # no spin-waiting between ops: on a loaded host ORT's spinning threads took the CPU that the Python
+    # work between runs needs; same threads and work split, so the same values
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
     from zonnx.ir.large import ort_session
 
     try:
-        return ort_session(proto, opts, providers)  # past 2 GiB: weights as OrtValues, no one protobuf
+        return ort_session(proto, opts, providers, weights_as_values=True)  # weights not serialized
     except Exception as e:  # ORT's exception classes share no public base
         raise VerificationError(
             f"{what}: onnxruntime cannot load it ({str(e).strip().splitlines()[0]})."
@@ -357,11 +361,8 @@ def layer_report(
     n_layers = len(items)
     items += [(_Match(f, q, "output"), entry(f, q, "output"), MetricSums()) for f, q in pairs]
     skipped: dict[int, str] = {}  # item index -> reason
-    samples = 0
-    for index, sample in enumerate(_samples(feeds_list, max_samples)):
-        fvals = _run(fsess, sample, tracer.inputs, "float model", index)
-        qvals = _run(qsess, sample, tracer.inputs, "quantized model", index)
-        samples += 1
+
+    def fold(fvals: dict[str, np.ndarray], qvals: dict[str, np.ndarray]) -> None:
         for i, (match, stats, sums) in enumerate(items):
             if i in skipped:
                 continue
@@ -379,7 +380,22 @@ def layer_report(
                 continue
             stats.shape = list(x.shape)
             sums.update(x, q)
-        del fvals, qvals
+
+    samples = 0
+    # a sample's metrics are folded in a worker thread while the next sample runs (ORT and numpy release
+    # the GIL); one fold at a time, in sample order, so the sums are those of a serial loop
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="zonnx-report") as pool:
+        pending = None
+        for index, sample in enumerate(_samples(feeds_list, max_samples)):
+            fvals = _run(fsess, sample, tracer.inputs, "float model", index)
+            qvals = _run(qsess, sample, tracer.inputs, "quantized model", index)
+            samples += 1
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(fold, fvals, qvals)
+            del fvals, qvals
+        if pending is not None:
+            pending.result()
     if samples == 0:
         raise OptionError("feeds_list gave no samples; pass at least one input dict.")
     kept = [sums.fill(stats) for i, (_, stats, sums) in enumerate(items) if i not in skipped]

@@ -16,6 +16,11 @@ so with moments a Relu output is measured.
 
 A tensor that only Softmax nodes read is measured on ``max(t, rowmax(t) - 20)``, the values that can
 change the Softmax (``softmax_floor``: the attention-mask trap).
+
+Per-sample layout (``per_sample=True``, for a batch of N samples in one run, ``batching``): ``flat =
+Reshape(t, [0, -1])`` is [N, size], the reductions run over axis 1 and are concatenated along axis 1
+(``mins`` is [N, tensors]), ``sizes`` holds each tensor's [N, size] pair and the histogram Slice steps
+along axis 1; so each sample's statistics stay its own, as in N separate runs.
 """
 
 from __future__ import annotations
@@ -164,16 +169,32 @@ def _derivations(model: onnx.ModelProto, names: Sequence[str], moments: bool) ->
     return resolved
 
 
+def _reducer(per_sample: bool, opset: int, g: onnx.GraphProto, p: str):  # noqa: ANN202
+    """A maker of ``op(flat) -> out`` nodes: over every value, or over axis 1 (per sample), keepdims."""
+    if not per_sample:
+        return lambda op, flat, out: helper.make_node(op, [flat], [out], keepdims=1)
+    g.initializer.append(numpy_helper.from_array(np.array([1], dtype=np.int64), p + "axis1"))
+
+    def make(op: str, flat: str, out: str) -> onnx.NodeProto:
+        if opset >= 18 or (op == "ReduceSum" and opset >= 13):  # axes became an input
+            return helper.make_node(op, [flat, p + "axis1"], [out], keepdims=1)
+        return helper.make_node(op, [flat], [out], axes=[1], keepdims=1)
+
+    return make
+
+
 def build(
     model: onnx.ModelProto,
     tensor_names: Sequence[str],
     need: Iterable[str] = ("extrema",),
     sample: bool = True,
+    per_sample: bool = False,
 ) -> Augmented:
     """Return the calibration model for ``tensor_names`` with the statistics in ``need``.
 
     ``need`` is a subset of {"extrema", "moments", "histogram"}; ``sample`` False (or an opset
-    below 10) outputs every value for the histogram and ignores the steps.
+    below 10) outputs every value for the histogram and ignores the steps. ``per_sample`` gives the
+    per-sample layout of the module docstring (the leading dim of every measured tensor is the batch).
     """
     need = set(need)
     g0 = model.graph
@@ -198,13 +219,17 @@ def build(
     aug, weights = _skeleton(model)
     g = aug.graph
     p = _unique_prefix(model)
-    g.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), p + "flat"))
+    flat_shape = [0, -1] if per_sample else [-1]
+    g.initializer.append(numpy_helper.from_array(np.array(flat_shape, dtype=np.int64), p + "flat"))
+    axis = 1 if per_sample else 0  # the axis reduced, sliced and concatenated along
+    reduce = _reducer(per_sample, opset, g, p)
+    slice_axis = "one" if per_sample else "zero"
     hist = "histogram" in need
     steps_input = None
     if hist and sample:
         g.initializer.extend(
             numpy_helper.from_array(np.array(v, dtype=np.int64), p + name)
-            for name, v in [("zero", [0]), ("end", [_INT64_MAX])]
+            for name, v in [("zero", [0]), ("end", [_INT64_MAX]), *([("one", [1])] if per_sample else [])]
         )
         steps_input = p + "steps"
         g.input.append(helper.make_tensor_value_info(steps_input, TensorProto.INT64, [len(measured)]))
@@ -233,22 +258,24 @@ def build(
         nodes += [
             helper.make_node("Reshape", [values, p + "flat"], [flat]),
             helper.make_node("Shape", [flat], [q + "n"]),
-            helper.make_node("ReduceMin", [flat], [q + "lo"], keepdims=1),
-            helper.make_node("ReduceMax", [flat], [q + "hi"], keepdims=1),
+            reduce("ReduceMin", flat, q + "lo"),
+            reduce("ReduceMax", flat, q + "hi"),
         ]
         cols["sizes"].append(q + "n")
         cols["mins"].append(q + "lo")
         cols["maxs"].append(q + "hi")
         if "moments" in need:
             nodes += [
-                helper.make_node("ReduceSum", [flat], [q + "sum"], keepdims=1),
-                helper.make_node("ReduceSumSquare", [flat], [q + "sumsq"], keepdims=1),
+                reduce("ReduceSum", flat, q + "sum"),
+                reduce("ReduceSumSquare", flat, q + "sumsq"),
             ]
             cols["sums"].append(q + "sum")
             cols["sumsqs"].append(q + "sumsq")
         if hist and sample:
             nodes.append(
-                helper.make_node("Slice", [flat, p + "zero", p + "end", p + "zero", f"{q}step"], [q + "s"])
+                helper.make_node(
+                    "Slice", [flat, p + "zero", p + "end", p + slice_axis, f"{q}step"], [q + "s"]
+                )
             )
             samples.append(q + "s")
         elif hist:
@@ -258,7 +285,7 @@ def build(
         if not parts:
             continue
         out = p + key
-        nodes.append(helper.make_node("Concat", parts, [out], axis=0))
+        nodes.append(helper.make_node("Concat", parts, [out], axis=0 if key == "sizes" else axis))
         elem = TensorProto.INT64 if key == "sizes" else TensorProto.FLOAT
         g.output.append(helper.make_tensor_value_info(out, elem, None))
         outputs[key] = out

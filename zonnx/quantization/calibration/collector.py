@@ -11,13 +11,22 @@ does not line up with power-of-two or common channel sizes; the first batch's st
 inference on its input shapes (step 1, every value, where that fails), later ones from the previous
 batch's sizes. Below opset 10 (no Slice steps) every value is counted. Extrema, counts and moments
 always cover every value.
+With ``batch`` > 1, samples of leading dim 1 run several to an ORT run and are folded one
+by one as if run alone (``batching``; the statistics are the same, checked bit for bit on the first batch).
 Histogram updates run in a worker thread, overlapping the next ORT run (which releases the GIL), with
 at most two batches queued, so memory stays flat however many samples there are.
 """
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_HIST_SAMPLE", "BatchFolder", "calibration_session", "collect", "first_steps", "sample_steps"]
+__all__ = [
+    "DEFAULT_HIST_SAMPLE",
+    "BatchFolder",
+    "calibration_session",
+    "collect",
+    "first_steps",
+    "sample_steps",
+]
 
 import functools
 import logging
@@ -34,7 +43,7 @@ from onnx import numpy_helper
 
 from zonnx.ir.io import ModelLike, proto_limit, to_proto
 from zonnx.ir.large import session_folder
-from zonnx.quantization.calibration import augment
+from zonnx.quantization.calibration import augment, batching
 from zonnx.quantization.calibration.methods import requirements
 from zonnx.quantization.calibration.readers import CalibrationError, validated
 from zonnx.quantization.calibration.stats import DEFAULT_BINS, GridHistogram, TensorStats
@@ -101,7 +110,9 @@ def first_steps(aug: augment.Augmented, feed: dict[str, np.ndarray], hist_sample
         )
     unknown = int((sizes <= 0).sum())
     if unknown and unknown < len(sizes):
-        logger.info("histogram sampling: %d tensors of unknown size count every value in the first batch", unknown)
+        logger.info(
+            "histogram sampling: %d tensors of unknown size count every value in the first batch", unknown
+        )
     return np.where(sizes > 0, sample_steps(sizes, hist_sample), 1).astype(np.int64)
 
 
@@ -112,6 +123,9 @@ def calibration_session(
     opts = ort.SessionOptions()
     opts.graph_optimization_level = level
     opts.log_severity_level = 3
+    # no spin-waiting between ops: on a loaded host ORT's spinning threads took the CPU that the Python
+    # work between runs needs; same threads and work split, so the same values
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if sum(w.ByteSize() for w in aug.weights) > proto_limit():  # past 2 GiB: no packed copy of weights
         opts.add_session_config_entry("session.disable_prepacking", "1")
     session_folder(opts, aug.model)  # a lazily loaded model: ORT maps its weights from their files
@@ -210,6 +224,7 @@ def collect(
     momentum: float = 0.9,
     optimization_level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     threads: bool | None = None,
+    batch: int = 1,
 ) -> dict[str, TensorStats]:
     """Run every calibration batch once through one session and return each tensor's ``TensorStats``.
 
@@ -218,14 +233,18 @@ def collect(
     each batch; ``bins`` (2048); ``hist_sample`` (values per tensor and batch in the histogram, 16384;
     None counts every value); ``averaging_constant`` (ORT moving average, 0.01); ``momentum`` (Compass
     ``mean``, 0.9); ``optimization_level`` (ORT_ENABLE_ALL); ``threads`` (histogram updates in a
-    worker thread; default: when histograms are collected). Problems with the reader's data raise
+    worker thread; default: when histograms are collected); ``batch`` (samples per ORT run when the
+    model allows it, ``batching``; 1 runs one at a time). Problems with the reader's data raise
     ``CalibrationError`` naming the sample and input.
     """
     if hist_sample is not None and hist_sample < 1:
         raise CalibrationError(f"hist_sample must be >= 1 or None, got {hist_sample}.")
     proto = to_proto(model)
     need = requirements(methods_needed)
-    aug = augment.build(proto, tensor_names, need, sample=hist_sample is not None)
+    aug = augment.build(proto, tensor_names, need, sample=hist_sample is not None, per_sample=batch > 1)
+    size = batching.make_batched(aug, batch)
+    if batch > 1 and size == 1:  # the plain layout, as without batching
+        aug = augment.build(proto, tensor_names, need, sample=hist_sample is not None)
     stats = {
         t: TensorStats(t, averaging_constant=averaging_constant, momentum=momentum)
         for t in dict.fromkeys(tensor_names)
@@ -241,29 +260,36 @@ def collect(
     worker = _Worker(update) if use_thread else None
     if worker is not None:
         worker.start()
+
+    def plain() -> ort.InferenceSession:
+        return calibration_session(
+            augment.build(proto, tensor_names, need, sample=hist_sample is not None),
+            providers,
+            optimization_level,
+        )
+
+    runner = batching.BatchRunner(sess, out_names, aug, size, plain)
+    b = 0
     try:
-        for b, feed in enumerate(validated(reader, proto)):
-            if aug.steps_input is not None:
-                if steps is None:  # first batch: sizes from shape inference, else every value
-                    steps = first_steps(aug, feed, hist_sample)
-                    aug.model = None
-                feed[aug.steps_input] = steps
-            try:
-                res = sess.run(out_names, feed)
-            except Exception as e:  # ORT's own exception types
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise CalibrationError(f"calibration sample {b}: onnxruntime failed: {msg}") from e
-            if steps is not None:
-                steps = sample_steps(res[update.pos["sizes"]], hist_sample)
-            if worker is None:
-                update(res)
-            elif worker.error is None:
-                worker.q.put(res)
-            else:
+        for group in runner.groups(validated(reader, proto)):
+            if aug.steps_input is not None and steps is None:  # first batch: sizes from shape inference
+                steps = first_steps(aug, group[0], hist_sample)
+                aug.model = None
+            for res in runner.run(group, steps, b):
+                if steps is not None:
+                    steps = sample_steps(res[update.pos["sizes"]], hist_sample)
+                if worker is None:
+                    update(res)
+                elif worker.error is None:
+                    worker.q.put(res)
+                else:
+                    break
+                del res
+                if progress is not None:
+                    progress(b)
+                b += 1
+            if worker is not None and worker.error is not None:
                 break
-            del res
-            if progress is not None:
-                progress(b)
     finally:
         if worker is not None:
             worker.finish()
