@@ -163,7 +163,7 @@ class _Bench:
             return Measurement(text, acc, "acc", HIGHER, "float", self.float_acc, note=note)
         goal = TARGET_COSINE if target is not None else NNCF_BEST_COSINE
         text = f"{name} {label}: embedding cosine{where} (centered {acc:.4f}"
-        return Measurement(text, cos, "cos", HIGHER, target=goal, note=note)
+        return Measurement(text, cos, "cos", HIGHER, "float", 1.0, target=goal, note=note)
 
     def row(self, label: str, model: Path, seconds: float, target: str | None = None) -> list[Measurement]:
         """Fake-quant (and, with a target, NPU) accuracy and cosine of ``model`` as measurements."""
