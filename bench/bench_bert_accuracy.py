@@ -20,13 +20,24 @@ Rows (each quantized from the same calibration sentences):
 Figures per row: topic accuracy on the test sentences (peer: float's), mean cosine of the logits
 against float's, and for target rows the same on the simulated NPU and the compiled NPU share of MACs.
 
+``bench_bert_accuracy_6x384`` (``python -m bench.runner bert_accuracy_6x384``) runs the same rows on the
+issue's size, zoo ``bert_encoder-random`` (6 x 384, 12 heads, FFN 1536, attention mask, GELU, post-LN,
+masked mean pooling; fixed-seed weights with 4 LayerNorm outlier channels, input [1, 128]). Training it
+on the topic task was measured at 4-5 s per step of 64 sentences on one loaded core: the 200 steps the
+4 x 128 model needs would take about 15 minutes, so its weights stay random. Figure per row: the
+embedding cosine against float (the issue's metric; targets: generic int8 >= 0.9962, NNCF's best on
+MiniLM in the issue's run, not in this one; each target >= 0.99 on the simulated NPU with >= 90% of
+MACs there). The name adds the centered cosine (float's mean embedding over the test sentences removed),
+which on these random weights is far stricter (see bench_traps).
+
 Run alone: ``python -m bench.runner bert_accuracy`` (``--quick``: fewer sentences, one target, no search).
 """
 
 from __future__ import annotations
 
-__all__ = ["bench_bert_accuracy", "TARGETS"]
+__all__ = ["bench_bert_accuracy", "bench_bert_accuracy_6x384", "TARGETS"]
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -47,30 +58,55 @@ from zonnx.inspection.macs import fix_input_shapes
 from zonnx.quantization.api import build_config
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.search.run import quantize_with_budget
+from zonnx.zoo.bert import SEQ_LEN as LARGE_SEQ_LEN
+from zonnx.zoo.bert import bert_inputs
 from zonnx.zoo.bert_trained import SEQ_LEN, topic_batch
 
 logger = logging.getLogger(__name__)
 
 MODEL = "bert_encoder"
+#: The issue's size (6 x 384, 12 heads, sequence 128): fixed-seed random weights (see ``zonnx.zoo.bert``).
+LARGE = "bert_encoder-random"
 TARGETS = ("dpu-b4096", "zhouyi-x2", "bm1684x")
 BUDGET = 1.0
 METRIC = "cosine"
 MIN_NPU_SHARE = 0.9
+#: NNCF 3.4's best embedding cosine on MiniLM-L6 (the issue's run, not this one): generic int8's target.
+NNCF_BEST_COSINE = 0.9962
+TARGET_COSINE = 0.99
 SHAPES = {"input_ids": [1, SEQ_LEN], "attention_mask": [1, SEQ_LEN]}
+LARGE_SHAPES = {"input_ids": [1, LARGE_SEQ_LEN], "attention_mask": [1, LARGE_SEQ_LEN]}
 Feed = dict[str, np.ndarray]
 
 
-def _static(folder: Path) -> Path:
-    model = onnx.load(zoo.get(MODEL))
-    fix_input_shapes(model, 1, SHAPES)
-    out = folder / f"{MODEL}.static.onnx"
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """A benchmarked model: zoo name, fixed input shapes, and ``split(n, seed) -> (feeds, labels | None)``."""
+
+    name: str
+    shapes: dict[str, list[int]]
+    split: Callable[[int, int], tuple[list[Feed], np.ndarray | None]]
+
+
+def _static(folder: Path, spec: _Spec) -> Path:
+    model = onnx.load(zoo.get(spec.name))
+    fix_input_shapes(model, 1, spec.shapes)
+    out = folder / f"{spec.name}.static.onnx"
     onnx.save(zonnx.optimize(model), out)
     return out
 
 
-def _split(n: int, seed: int) -> tuple[list[Feed], np.ndarray]:
+def _split(n: int, seed: int) -> tuple[list[Feed], np.ndarray | None]:
     batch, topics = topic_batch(n, seed)
     return [{k: v[i : i + 1] for k, v in batch.items()} for i in range(n)], topics
+
+
+def _split_large(n: int, seed: int) -> tuple[list[Feed], np.ndarray | None]:
+    return bert_inputs(n, seed=seed, seq_len=LARGE_SEQ_LEN), None
+
+
+TRAINED = _Spec(MODEL, SHAPES, _split)
+RANDOM_6X384 = _Spec(LARGE, LARGE_SHAPES, _split_large)
 
 
 def _logits(sess: Any, feeds: list[Feed]) -> np.ndarray:
@@ -91,30 +127,50 @@ def _npu(model: Path, target: str, cache: Path) -> Any:
     )
 
 
-def _scores(logits: np.ndarray, ref: np.ndarray, topics: np.ndarray) -> tuple[float, float]:
-    """(topic accuracy, mean row cosine of the logits against float's)."""
-    cos = np.sum(logits * ref, 1) / (np.linalg.norm(logits, axis=1) * np.linalg.norm(ref, axis=1))
-    return float(np.mean(logits.argmax(1) == topics)), float(np.mean(cos))
+def _row_cos(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.mean(np.sum(got * ref, 1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))))
+
+
+def _scores(logits: np.ndarray, ref: np.ndarray, topics: np.ndarray | None) -> tuple[float, float]:
+    """(topic accuracy, mean row cosine of the outputs against float's); without topics the first figure
+    is the centered cosine (float's mean over the test samples removed from both)."""
+    cos = _row_cos(logits, ref)
+    if topics is None:
+        mean = ref.mean(0)
+        return _row_cos(logits - mean, ref - mean), cos
+    return float(np.mean(logits.argmax(1) == topics)), cos
 
 
 class _Bench:
     """Shared data of one run: the static float model, splits, float figures, a work folder."""
 
-    def __init__(self, folder: Path, n_calib: int, n_eval: int, n_test: int) -> None:
-        self.folder = folder
-        self.src = _static(folder)
-        self.calib, _ = _split(n_calib, 1)
-        self.search_eval, _ = _split(n_eval, 2)
-        self.test, self.topics = _split(n_test, 3)
+    def __init__(self, folder: Path, spec: _Spec, n_calib: int, n_eval: int, n_test: int) -> None:
+        self.folder, self.spec = folder, spec
+        self.src = _static(folder, spec)
+        self.calib, _ = spec.split(n_calib, 1)
+        self.search_eval, _ = spec.split(n_eval, 2)
+        self.test, self.topics = spec.split(n_test, 3)
         self.ref = _logits(_ort(self.src), self.test)
         self.float_acc = _scores(self.ref, self.ref, self.topics)[0]
+
+    def _measure(
+        self, label: str, where: str, acc: float, cos: float, target: str | None, note: str
+    ) -> Measurement:
+        """A topic-accuracy row (trained model, peer float) or an embedding-cosine row (target: the issue's)."""
+        name = self.spec.name
+        if self.topics is not None:
+            text = f"{name} {label}: topic accuracy{where} (logits cosine {cos:.4f}"
+            return Measurement(text, acc, "acc", HIGHER, "float", self.float_acc, note=note)
+        goal = TARGET_COSINE if target is not None else NNCF_BEST_COSINE
+        text = f"{name} {label}: embedding cosine{where} (centered {acc:.4f}"
+        return Measurement(text, cos, "cos", HIGHER, "float", 1.0, target=goal, note=note)
 
     def row(self, label: str, model: Path, seconds: float, target: str | None = None) -> list[Measurement]:
         """Fake-quant (and, with a target, NPU) accuracy and cosine of ``model`` as measurements."""
         acc, cos = _scores(_logits(_ort(model), self.test), self.ref, self.topics)
-        note = f"fake-quant logits cosine {cos:.4f}; quantize {seconds:.0f} s"
-        name = f"{MODEL} {label}: topic accuracy, fake-quant (logits cosine {cos:.4f})"
-        out = [Measurement(name, acc, "acc", HIGHER, "float", self.float_acc, note=note)]
+        note = f"fake-quant cosine {cos:.4f}; quantize {seconds:.0f} s"
+        first = self._measure(label, ", fake-quant", acc, cos, target, note)
+        out = [dataclasses.replace(first, name=first.name + ")")]
         if target is None:
             return out
         try:
@@ -123,14 +179,11 @@ class _Bench:
                 _logits(_npu(model, target, self.folder / "cache"), self.test), self.ref, self.topics
             )
         except Exception as e:  # a failed compile is a figure of its own; the other rows still run
-            logger.warning("%s %s: NPU failed: %s", MODEL, label, e)
-            failed = f"{MODEL} {label}: on the NPU: failed: {type(e).__name__}: {e}"[:240]
+            logger.warning("%s %s: NPU failed: %s", self.spec.name, label, e)
+            failed = f"{self.spec.name} {label}: on the NPU: failed: {type(e).__name__}: {e}"[:240]
             return out + [Measurement(failed, float("nan"), "acc", HIGHER, note=str(e))]
-        name = (
-            f"{MODEL} {label}: topic accuracy on the NPU (logits cosine {npu_cos:.4f}, "
-            f"{100 * share:.1f}% of MACs on the NPU)"
-        )
-        return out + [Measurement(name, npu_acc, "acc", HIGHER, "float", self.float_acc, note=note)]
+        npu = self._measure(label, " on the NPU", npu_acc, npu_cos, target, note)
+        return out + [dataclasses.replace(npu, name=f"{npu.name}, {100 * share:.1f}% of MACs on the NPU)")]
 
     def quantize(self, tag: str, call: Callable[[Path], None]) -> tuple[Path, float]:
         out = self.folder / f"{tag}.onnx"
@@ -187,7 +240,7 @@ def _target(b: _Bench, target: str, search: bool) -> list[Measurement]:
                 budget=BUDGET,
                 metric=METRIC,
                 eval_feeds=b.search_eval,
-                input_shapes=SHAPES,
+                input_shapes=b.spec.shapes,
                 min_npu_share=MIN_NPU_SHARE,
             )
 
@@ -202,19 +255,18 @@ def _target(b: _Bench, target: str, search: bool) -> list[Measurement]:
     return out
 
 
-def bench_bert_accuracy(ctx: BenchContext) -> list[Measurement]:
-    """Topic accuracy and logits cosine of the quantized trained BERT, generic int8 and per NPU target."""
-    n_calib, n_eval, n_test = (16, 16, 32) if ctx.quick else (64, 64, 256)
+def _run(ctx: BenchContext, spec: _Spec, sizes: tuple[int, int, int], note: str) -> list[Measurement]:
+    n_calib, n_eval, n_test = sizes
     targets = TARGETS[1:2] if ctx.quick else TARGETS
     ctx.describe(
-        [MODEL],
+        [spec.name],
         {"calibration sentences": n_calib, "search sentences": n_eval, "test sentences": n_test},
         {"calibration": 1, "search": 2, "test": 3},
-        note=f"input shapes fixed to {SHAPES['input_ids']}",
+        note=f"input shapes fixed to {spec.shapes['input_ids']}{note}",
     )
     out: list[Measurement] = []
     with tempfile.TemporaryDirectory(prefix="zonnx-bert-acc-") as tmp:
-        b = _Bench(Path(tmp), n_calib, n_eval, n_test)
+        b = _Bench(Path(tmp), spec, n_calib, n_eval, n_test)
         out += _generic(b)
         for target in targets:
             try:
@@ -223,10 +275,24 @@ def bench_bert_accuracy(ctx: BenchContext) -> list[Measurement]:
                 logger.warning("bert_accuracy %s failed: %s", target, e)
                 out.append(
                     Measurement(
-                        f"{MODEL} {target}: failed: {type(e).__name__}: {e}"[:200], float("nan"), "acc"
+                        f"{spec.name} {target}: failed: {type(e).__name__}: {e}"[:200], float("nan"), "acc"
                     )
                 )
     return out
+
+
+def bench_bert_accuracy(ctx: BenchContext) -> list[Measurement]:
+    """Topic accuracy and logits cosine of the quantized trained BERT, generic int8 and per NPU target."""
+    return _run(ctx, TRAINED, (16, 16, 32) if ctx.quick else (64, 64, 256), "")
+
+
+def bench_bert_accuracy_6x384(ctx: BenchContext) -> list[Measurement]:
+    """Embedding cosine of the quantized 6 x 384 encoder (random weights), generic int8 and per NPU target."""
+    note = (
+        f"; targets: generic int8 >= {NNCF_BEST_COSINE} (NNCF's best on MiniLM in the issue's run), "
+        f"every target >= {TARGET_COSINE} with >= {MIN_NPU_SHARE:.0%} of MACs on the NPU"
+    )
+    return _run(ctx, RANDOM_6X384, (8, 8, 16) if ctx.quick else (32, 16, 64), note)
 
 
 if __name__ == "__main__":

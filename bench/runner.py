@@ -396,8 +396,8 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark(
             "recovery",
             "bench.bench_recovery:bench_recovery",
-            "trained digits CNN dpu-b4096 power-of-two: held-out top-1 and SQNR, plain MinMSE, + CLE, + bias correction, "
-            "+ AdaRound",
+            "trained digits CNN and mobilenetv2-random, dpu-b4096 power-of-two: held-out top-1 and SQNR, plain "
+            "MinMSE, + CLE, + bias correction, + AdaRound",
         ),
         Benchmark(
             "calibration",
@@ -453,6 +453,12 @@ REGISTRY: dict[str, Benchmark] = {
             "trained BERT classifier (zoo bert_encoder): topic accuracy and logits cosine vs float, generic int8 "
             "(ORT, zonnx, A16W8, SmoothQuant) and per NPU target (recipe, + SmoothQuant, accuracy budget) on the "
             "simulated NPU",
+        ),
+        Benchmark(
+            "bert_accuracy_6x384",
+            "bench.bench_bert_accuracy:bench_bert_accuracy_6x384",
+            "bert_accuracy on the issue's size (zoo bert_encoder-random, 6 x 384, random weights): embedding "
+            "cosine vs float, generic int8 and per NPU target on the simulated NPU",
         ),
         Benchmark(
             "npu_budget_range",
