@@ -12,7 +12,7 @@ integer codes. Forms, checked in this order (the first that matches names the mo
 
 from __future__ import annotations
 
-__all__ = ["quantized_form", "DYNAMIC_OPS", "FORMS"]
+__all__ = ["quantized_form", "DYNAMIC_OPS", "FORMS", "QDQ_DOMAINS"]
 
 import onnx
 import onnx_ir as ir
@@ -24,9 +24,14 @@ DYNAMIC_OPS = frozenset(
 FORMS = ("dynamic", "qoperator", "fixneuron", "qdq")
 
 
+#: Domains whose QuantizeLinear/DequantizeLinear are ONNX's: ORT writes its 4- and 16-bit Q/DQ below opset 21
+#: in ``com.microsoft`` (same inputs, same semantics).
+QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
+
+
 def _ops(model: ir.Model | onnx.ModelProto) -> set[tuple[str, str]]:
     nodes = model.graph.node if isinstance(model, onnx.ModelProto) else model.graph
-    return {("" if n.domain in ("", "ai.onnx") else n.domain, n.op_type) for n in nodes}
+    return {("" if n.domain in QDQ_DOMAINS else n.domain, n.op_type) for n in nodes}
 
 
 def quantized_form(model: ir.Model | onnx.ModelProto) -> str | None:

@@ -13,7 +13,13 @@
 
 from __future__ import annotations
 
-__all__ = ["import_for_quantize", "pin_for_plan", "finish_report", "grid_changes"]
+__all__ = [
+    "refuse_narrow_activations",
+    "import_for_quantize",
+    "pin_for_plan",
+    "finish_report",
+    "grid_changes",
+]
 
 import logging
 from collections.abc import Sequence
@@ -83,6 +89,7 @@ def pin_for_plan(
 ) -> dict[str, str]:
     """Pin imported ranges on the plan; without data every planned activation must have one. Non-negative
     ranges keep unsigned codes where the target's ``activation_dtypes`` allow them (``keep_unsigned``)."""
+    refuse_narrow_activations(imported, activation_dtypes)
     actions = pin_ranges(plan, imported, model)
     if activation_dtypes:
         n = keep_unsigned(plan, imported, activation_dtypes)
@@ -95,6 +102,24 @@ def pin_for_plan(
             "give calibration data (--calib) to calibrate them."
         )
     return actions
+
+
+def refuse_narrow_activations(imported: ImportedModel, activation_dtypes: Sequence[str]) -> None:
+    """Rule: an imported activation grid narrower than every activation type the target has (4-bit
+    codes on an 8/16-bit NPU) is one the target can never take: its accuracy was trained or calibrated
+    for those few levels, and widening them changes the model. Refused; ``--requantize`` starts from float."""
+    widths = sorted({int("".join(c for c in d if c.isdigit()) or 0) for d in activation_dtypes} - {0})
+    if not widths:
+        return
+    narrow = {name: g for name, g in imported.activations.items() if g.bits < widths[0]}
+    if narrow:
+        name, grid = next(iter(narrow.items()))
+        raise OptionError(
+            f"{len(narrow)} activation(s) of the pre-quantized model have {grid.bits}-bit grids, e.g. {name!r} "
+            f"({grid.dtype}), and the target's activations are {', '.join(activation_dtypes)}: it cannot take "
+            "them. Quantize from float instead (zonnx quantize ... --requantize), or pick a target with "
+            f"{grid.bits}-bit activations."
+        )
 
 
 def finish_report(

@@ -30,7 +30,7 @@ from zonnx.errors import UnsupportedModelError
 from zonnx.ir.io import default_opset
 from zonnx.ir.names import NameSource
 from zonnx.passes.fusion.matching import const_array, label, prune, replace_value
-from zonnx.quantization.prequant.detect import quantized_form
+from zonnx.quantization.prequant.detect import QDQ_DOMAINS, quantized_form
 from zonnx.quantization.prequant.grids import Grid, grid_from_arrays
 
 logger = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ class _Importer:
 
     def run(self) -> None:
         for node in list(self.graph):
-            if node.graph is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+            if node.graph is None or node.op_type != "DequantizeLinear" or node.domain not in QDQ_DOMAINS:
                 continue
             code = node.inputs[0]
             codes = const_array(code)
