@@ -149,14 +149,7 @@ struct DwConvKernel {
       for (int64_t r = static_cast<int64_t>(task) * per_task; r < r1; ++r) core.row_sums(xv, g, r, y + r * g.ow * g.c);
     });
   }
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
-    }
-  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
 };
 
 // One row of n sums requantized (channel arrays aligned with the row start).
@@ -539,14 +532,7 @@ struct QDwConvKernel {
       }
     });
   }
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
-    }
-  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
 };
 
 struct DwConvOp : Ort::CustomOpBase<DwConvOp, DwConvKernel, true> {

@@ -30,16 +30,6 @@ void check_plane(ONNXTensorElementDataType t, int plane, const char* op) {
   if (!ok) throw std::runtime_error(std::string(op) + ": plane 0 takes uint8, planes 1 and 2 take int32");
 }
 
-template <typename K>
-OrtStatusPtr guarded(K* k, OrtKernelContext* context) {
-  try {
-    k->Compute(context);
-    return nullptr;
-  } catch (const std::exception& e) {
-    return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
-  }
-}
-
 struct Im2colKernel {
   int64_t kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, pad;
   int plane;
@@ -156,33 +146,16 @@ struct BytePlaneKernel {
   OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
 };
 
-template <typename Kernel>
-struct SimpleOp : Ort::CustomOpBase<SimpleOp<Kernel>, Kernel, true> {
-  const char* name;
-  explicit SimpleOp(const char* n) : name(n) {}
-  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new Kernel(info);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string("zonnx.native ") + e.what()).c_str());
-    }
-  }
-  const char* GetName() const { return name; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
-};
-
 }  // namespace
 
 const OrtCustomOp* im2col_op() {
-  static const SimpleOp<Im2colKernel> op("Im2col");
+  static const UnaryOp<Im2colKernel, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8> op(
+      "Im2col");
   return &op;
 }
 const OrtCustomOp* byteplane_op() {
-  static const SimpleOp<BytePlaneKernel> op("BytePlane");
+  static const UnaryOp<BytePlaneKernel, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8> op(
+      "BytePlane");
   return &op;
 }
 

@@ -126,14 +126,7 @@ struct MaxPoolKernel {
       }
     });
   }
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
-    }
-  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
 };
 
 template <typename T>

@@ -711,14 +711,7 @@ struct QConvKernel {
     });
   }
 
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
-    }
-  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
 };
 
 // QConv (uint8 codes in and out) and QConv16 (int32-stored 16-bit codes in and out).

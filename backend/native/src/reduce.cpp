@@ -39,32 +39,14 @@ struct SumHwKernel {
       sum_positions(x + b * hw * c, y + b * c, hw, c);
     });
   }
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
-    }
-  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
 };
 
-struct SumHwOp : Ort::CustomOpBase<SumHwOp, SumHwKernel, true> {
-  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    *kernel = new SumHwKernel(info);
-    return nullptr;
-  }
-  const char* GetName() const { return "SumHwU8"; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32; }
-};
 
 }  // namespace
 
 const OrtCustomOp* sum_hw_u8_op() {
-  static const SumHwOp op;
+  static const UnaryOp<SumHwKernel, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32> op("SumHwU8");
   return &op;
 }
 

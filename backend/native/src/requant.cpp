@@ -386,14 +386,7 @@ struct RequantKernel {
     });
   }
 
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
-    }
-  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
 };
 
 template <ONNXTensorElementDataType OUT>

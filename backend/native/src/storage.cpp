@@ -34,32 +34,14 @@ struct Int8ToU8Kernel {
       flip_top_bits(x + i0, y + i0, std::min<int64_t>(chunk, n - i0));
     });
   }
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
-    }
-  }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
 };
 
-struct Int8ToU8Op : Ort::CustomOpBase<Int8ToU8Op, Int8ToU8Kernel, true> {
-  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    *kernel = new Int8ToU8Kernel(info);
-    return nullptr;
-  }
-  const char* GetName() const { return "Int8ToU8"; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
-};
 
 }  // namespace
 
 const OrtCustomOp* int8_to_u8_op() {
-  static const Int8ToU8Op op;
+  static const UnaryOp<Int8ToU8Kernel, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8> op("Int8ToU8");
   return &op;
 }
 

@@ -9,6 +9,7 @@
 #include "onnxruntime_cxx_api.h"
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,39 @@ void parallel_for(const Ort::KernelContext& ctx, size_t total, F&& fn) {
   } thunk{&fn};
   ctx.ParallelFor(&Thunk::call, total, 0, &thunk);
 }
+
+// Every kernel's ComputeV2: runs k->Compute; a C++ exception becomes one ORT_FAIL status that names the
+// library (never an exception through ORT's C API).
+template <typename K>
+OrtStatusPtr guarded(K* k, OrtKernelContext* context) {
+  try {
+    k->Compute(context);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Ort::GetApi().CreateStatus(ORT_FAIL, (std::string("zonnx.native ") + e.what()).c_str());
+  }
+}
+
+// An op of one input and one output with fixed element types (UNDEFINED: any), named at registration;
+// a kernel constructor that throws (bad attributes) becomes ORT_INVALID_ARGUMENT.
+template <typename Kernel, ONNXTensorElementDataType In, ONNXTensorElementDataType Out>
+struct UnaryOp : Ort::CustomOpBase<UnaryOp<Kernel, In, Out>, Kernel, true> {
+  const char* name;
+  explicit UnaryOp(const char* n) : name(n) {}
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new Kernel(info);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string("zonnx.native ") + e.what()).c_str());
+    }
+  }
+  const char* GetName() const { return name; }
+  size_t GetInputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return In; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return Out; }
+};
 
 // Elements per parallel task (at least): below this a tensor runs on the calling thread.
 constexpr int64_t kGrain = 16384;
