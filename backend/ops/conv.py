@@ -256,6 +256,7 @@ SPEC = OpSpec(
             layout,
             native=(
                 "QConv",
+                "QConvAdd",
                 "QConv16",
                 "QDwConv",
                 "DwConv",
