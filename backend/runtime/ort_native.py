@@ -19,9 +19,6 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
   where the CPU has it, else portable C++: the same exact integers), and RequantU8's one-term rule on every finished
   tile, in one kernel; ``x_zero_point`` is the stored pad code, subtracted from every column. The weights
   must be an initializer (packed once when ORT creates the kernel).
-- ``QConvAdd``: ``QConv`` with a third input (the skip) and the ``add_*`` attributes of a two-term
-  ``RequantU8`` (``add_term``: which term the conv codes are); each finished block of conv codes takes
-  that rule in place (``ort_fuse``). Inputs that broadcast take an exact unfused path in the kernel.
 - ``QConv16``: the same for int32-stored 16-bit codes in and out: each im2col row is split into its low and
   high byte planes, both multiplied by the int8 weights (exact int32 sums), combined in int64 as
   ``256 S_hi + S_lo - x_zero_point sum w`` and requantized once (``x_zero_point`` up to 65535).
