@@ -256,7 +256,6 @@ SPEC = OpSpec(
             layout,
             native=(
                 "QConv",
-                "QConvAdd",
                 "QConv16",
                 "QDwConv",
                 "DwConv",

@@ -36,7 +36,6 @@ from zonnx.backend.compiler.program import Op, Program, TensorInfo
 from zonnx.backend.ops import registry
 from zonnx.hostcpu import IntPath
 
-from .ort_fuse import fuse_conv_add
 from .ort_kernels import (
     Builder,
     KernelError,
@@ -178,13 +177,11 @@ def lower_program(
     qlinear: bool | None = None,
     int_path: IntPath | None = None,
     native: bool = False,
-    fuse_add: bool = True,
 ) -> LoweredProgram:
     """ORT nodes computing ``program`` exactly (module docstring); ``expose`` adds tensors as outputs.
 
     ``native``: use the ``zonnx.native`` custom ops (``ort_native``) where they apply; the session that
-    runs the result must have the kernel library registered (``zonnx.backend.native``); with ``fuse_add``
-    a residual add joins the QConv producing one of its operands (``ort_fuse``: one ``QConvAdd``).
+    runs the result must have the kernel library registered (``zonnx.backend.native``).
     ``qlinear``: ORT's QLinearConv / QLinearAdd where ``qlinear_exact`` proves them exact; by default only
     without ``native`` (the native QConv / QDwConv / RequantU8 run the same power-of-two programs faster:
     dpu-b4096 ResNet-18 5.5 -> 5.1 ms, MobileNetV2 2.67 -> 2.61 ms, one thread, same outputs).
@@ -219,8 +216,6 @@ def lower_program(
         lowered.outputs.append(_value_info(gname, v.info))
         lowered.output_names[tensor] = gname
     lowered.nodes, lowered.initializers = b.nodes, b.initializers
-    if native and fuse_add:
-        lowered.nodes = fuse_conv_add(b.nodes, list(low.env.values()), {v.name for v in lowered.outputs})
     lowered.opset_imports = {"": opset}
     if any(n.domain == MS_DOMAIN for n in b.nodes):
         lowered.opset_imports[MS_DOMAIN] = 1
@@ -238,12 +233,9 @@ def program_to_model(
     expose: list[str] | None = None,
     int_path: IntPath | None = None,
     native: bool = False,
-    fuse_add: bool = True,
 ) -> onnx.ModelProto:
     """A standalone model (IR 10) running ``program`` in ORT; inputs/outputs named ``f"{name}/{tensor}"``."""
-    low = lower_program(
-        program, name=name, opset=opset, expose=expose, int_path=int_path, native=native, fuse_add=fuse_add
-    )
+    low = lower_program(program, name=name, opset=opset, expose=expose, int_path=int_path, native=native)
     graph = helper.make_graph(low.nodes, name, low.inputs, low.outputs, low.initializers)
     model = helper.make_model(
         graph,

@@ -434,25 +434,9 @@ struct QConvKernel {
   std::vector<int64_t> xm;    // per channel: max |acc - zw| = xzp-centred input range x sum |w|
   F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
   int vkind = kPlain;         // the VNNI path's rounding kind: kind, or kF64Floor / kF64Even
-  // QConvAdd: RequantU8's two-term rule applied to each finished block of conv codes and the skip input
-  // (input 2) at the same positions; add_term is the term (0 or 1) the conv codes are
-  std::unique_ptr<Add2Stage> add;
-  int64_t add_term = 0;
 
-  QConvKernel(const OrtKernelInfo* info, bool wide16, bool fused_add = false) : wide(wide16) {
+  QConvKernel(const OrtKernelInfo* info, bool wide16) : wide(wide16) {
     Ort::ConstKernelInfo ki(info);
-    if (fused_add) {
-      add_term = ki.GetAttribute<int64_t>("add_term");
-      const int64_t add_wide = ki.GetAttribute<int64_t>("add_wide");
-      if ((add_term != 0 && add_term != 1) || add_wide != 0 || ki.GetAttribute<int64_t>("add_terms") != 2)
-        throw std::runtime_error("QConvAdd: add_terms must be 2, add_wide 0 and add_term 0 or 1");
-      add = std::make_unique<Add2Stage>(ki.GetAttributes<int64_t>("add_mult"), ki.GetAttributes<int64_t>("add_cnst"),
-                                        ki.GetAttributes<int64_t>("add_shift"), ki.GetAttribute<int64_t>("add_mode"),
-                                        ki.GetAttribute<int64_t>("add_zs"), ki.GetAttribute<int64_t>("add_lo"),
-                                        ki.GetAttribute<int64_t>("add_hi"));
-      if (ki.GetAttribute<int64_t>("add_caxis_from_end") != 0 && add->channels() > 1)
-        throw std::runtime_error("QConvAdd: the add's channels must be the last axis");
-    }
     auto kk = ki.GetAttributes<int64_t>("kernel");
     auto s = ki.GetAttributes<int64_t>("strides");
     auto d = ki.GetAttributes<int64_t>("dilations");
@@ -666,29 +650,7 @@ struct QConvKernel {
     const int64_t eh = (kh - 1) * dh + 1, ew = (kw - 1) * dw + 1;
     if (h + pt + pb < eh || w + pl + pr < ew) throw std::runtime_error("QConv: kernel larger than the padded input");
     const int64_t oh = (h + pt + pb - eh) / sh + 1, ow = (w + pl + pr - ew) / sw + 1;
-    const std::vector<int64_t> cshape{n, oh, ow, o};
-    const uint8_t* x = static_cast<const uint8_t*>(xv.GetTensorRawData());
-    if (add) {
-      Ort::ConstValue sv = ctx.GetInput(2);
-      auto si = sv.GetTensorTypeAndShapeInfo();
-      const std::vector<int64_t> sshape = si.GetShape();
-      if (si.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
-        throw std::runtime_error("QConvAdd: the skip input must be uint8");
-      const uint8_t* skip = static_cast<const uint8_t*>(sv.GetTensorRawData());
-      if (sshape == cshape) {  // the fused pass: the add applied to each block of conv codes in cache
-        Ort::UnownedValue out = ctx.GetOutput(0, cshape);
-        if (add->channels() != 1 && add->channels() != o)
-          throw std::runtime_error("QConvAdd: the add's channels differ from the conv's outputs");
-        if (n * oh * ow > 0) conv8(ctx, x, h, w, c, oh, ow, static_cast<uint8_t*>(out.GetTensorMutableRawData()), n * oh * ow, skip);
-        return;
-      }
-      // broadcasting operands: the conv's codes in a buffer, both operands expanded, then the add
-      std::vector<uint8_t> codes(static_cast<size_t>(element_count(cshape)));
-      if (n * oh * ow > 0) conv8(ctx, x, h, w, c, oh, ow, codes.data(), n * oh * ow, nullptr);
-      broadcast_add(ctx, codes.data(), cshape, skip, sshape);
-      return;
-    }
-    Ort::UnownedValue out = ctx.GetOutput(0, cshape);
+    Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, o});
     const int64_t total = n * oh * ow;
     if (total == 0) return;
     if (wide) {
@@ -696,49 +658,8 @@ struct QConvKernel {
                 static_cast<int32_t*>(out.GetTensorMutableRawData()), total);
       return;
     }
-    conv8(ctx, x, h, w, c, oh, ow, static_cast<uint8_t*>(out.GetTensorMutableRawData()), total, nullptr);
-  }
-
-  // QConvAdd where the operands broadcast (numpy rules, rank 4 at most): both expanded to the output shape,
-  // then the add stage on the whole tensor (each element's result depends on its values and channel only).
-  void broadcast_add(const Ort::KernelContext& ctx, const uint8_t* codes, const std::vector<int64_t>& cshape,
-                     const uint8_t* skip, const std::vector<int64_t>& sshape) const {
-    if (sshape.size() > 4) throw std::runtime_error("QConvAdd: the skip input has rank above 4");
-    std::vector<int64_t> ss(4 - sshape.size(), 1);
-    ss.insert(ss.end(), sshape.begin(), sshape.end());
-    std::vector<int64_t> shape(4);
-    for (int a = 0; a < 4; ++a) {
-      if (cshape[a] != ss[a] && cshape[a] != 1 && ss[a] != 1)
-        throw std::runtime_error("QConvAdd: the conv output and the skip input do not broadcast");
-      shape[a] = cshape[a] == 1 ? ss[a] : cshape[a];
-    }
-    if (add->channels() != 1 && add->channels() != shape[3])
-      throw std::runtime_error("QConvAdd: the add's channels differ from the output's");
-    const int64_t total = element_count(shape);
-    std::vector<uint8_t> a(static_cast<size_t>(total)), b(static_cast<size_t>(total));
-    int64_t i = 0;
-    for (int64_t d0 = 0; d0 < shape[0]; ++d0)
-      for (int64_t d1 = 0; d1 < shape[1]; ++d1)
-        for (int64_t d2 = 0; d2 < shape[2]; ++d2)
-          for (int64_t d3 = 0; d3 < shape[3]; ++d3, ++i) {
-            const int64_t d[4] = {d0, d1, d2, d3};
-            int64_t ic = 0, is = 0;
-            for (int k = 0; k < 4; ++k) {
-              ic = ic * cshape[k] + (cshape[k] == 1 ? 0 : d[k]);
-              is = is * ss[k] + (ss[k] == 1 ? 0 : d[k]);
-            }
-            a[static_cast<size_t>(i)] = codes[ic];
-            b[static_cast<size_t>(i)] = skip[is];
-          }
-    Ort::UnownedValue out = ctx.GetOutput(0, shape);
     uint8_t* y = static_cast<uint8_t*>(out.GetTensorMutableRawData());
-    if (total > 0) add->run(add_term == 0 ? a.data() : b.data(), add_term == 0 ? b.data() : a.data(), y, total);
-  }
-
-  // The 8-bit convolution into y (n oh ow positions of o codes); with skip, QConvAdd's add stage per block.
-  void conv8(const Ort::KernelContext& ctx, const uint8_t* x, int64_t h, int64_t w, int64_t c, int64_t oh,
-             int64_t ow, uint8_t* y, int64_t total, const uint8_t* skip) const {
-    const int64_t o = outs;
+    const uint8_t* x = static_cast<const uint8_t*>(xv.GetTensorRawData());
     // a 1x1, stride 1, unpadded conv with C % 4 == 0 reads the input rows in place
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0 &&
                         kp == k;
@@ -787,11 +708,6 @@ struct QConvKernel {
           }
         }
       }
-      if (skip != nullptr) {  // the block's conv codes, still in cache, become the add's output in place
-        uint8_t* yb = y + r0 * o;
-        const uint8_t* sb = skip + r0 * o;
-        add->run(add_term == 0 ? yb : sb, add_term == 0 ? sb : yb, yb, rows * o);
-      }
     });
   }
 
@@ -799,18 +715,18 @@ struct QConvKernel {
 };
 
 // QConv (uint8 codes in and out) and QConv16 (int32-stored 16-bit codes in and out).
-template <bool WIDE, bool ADD = false>
-struct QConvOpT : Ort::CustomOpBase<QConvOpT<WIDE, ADD>, QConvKernel, true> {
+template <bool WIDE>
+struct QConvOpT : Ort::CustomOpBase<QConvOpT<WIDE>, QConvKernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     try {
-      *kernel = new QConvKernel(info, WIDE, ADD);
+      *kernel = new QConvKernel(info, WIDE);
       return nullptr;
     } catch (const std::exception& e) {
       return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string("zonnx.native ") + e.what()).c_str());
     }
   }
-  const char* GetName() const { return ADD ? "QConvAdd" : (WIDE ? "QConv16" : "QConv"); }
-  size_t GetInputTypeCount() const { return ADD ? 3 : 2; }
+  const char* GetName() const { return WIDE ? "QConv16" : "QConv"; }
+  size_t GetInputTypeCount() const { return 2; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
     return WIDE ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
@@ -829,10 +745,6 @@ const OrtCustomOp* qconv_op() {
 }
 const OrtCustomOp* qconv16_op() {
   static const QConvOpT<true> op;
-  return &op;
-}
-const OrtCustomOp* qconv_add_op() {
-  static const QConvOpT<false, true> op;
   return &op;
 }
 

@@ -23,7 +23,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   static std::once_flag once;
   std::call_once(once, [&] {
     if ((failed = api->CreateCustomOpDomain(kDomain, &domain)) != nullptr) return;
-    for (const OrtCustomOp* op : {requant_u8_op(), requant_i32_op(), im2col_op(), byteplane_op(), dwconv_op(), qdwconv_op(), qconv_op(), qconv16_op(), qconv_add_op(),
+    for (const OrtCustomOp* op : {requant_u8_op(), requant_i32_op(), im2col_op(), byteplane_op(), dwconv_op(), qdwconv_op(), qconv_op(), qconv16_op(),
                                  maxpool_i32_op(), maxpool_u8_op(), int8_to_u8_op(), sum_hw_u8_op()}) {
       if ((failed = api->CustomOpDomain_Add(domain, op)) != nullptr) return;
     }

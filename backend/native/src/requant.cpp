@@ -177,40 +177,6 @@ void wide_row(const std::vector<const void*>& xs, const std::vector<ONNXTensorEl
   }
 }
 
-// The derived arrays of Params from its attributes (terms, mult, cnst, mode, zs, lo, hi, wide set) and the
-// shifts: the single-shift form, the tiled copies and, for two uint8 terms into uint8, the float64 tables.
-void setup_params(Params& p, std::vector<int64_t> shift, bool u8out) {
-  p.channels = static_cast<int64_t>(p.cnst.size());
-  if (p.terms < 1 || p.terms > 4 || p.channels < 1 || shift.size() != p.cnst.size() ||
-      p.mult.size() != static_cast<size_t>(p.terms * p.channels) || p.mode < 0 || p.mode > 6)
-    throw std::runtime_error("Requant: inconsistent attributes (terms, mult, cnst, shift, mode)");
-  for (int64_t v : shift) {
-    if (v < 0 || v > 62) throw std::runtime_error("Requant: shift outside [0, 62]");
-    p.shift.push_back(static_cast<int>(v));
-    p.half.push_back(v > 0 ? (int64_t{1} << (v - 1)) : 1);
-    const RoundParams rp = round_params(p.mode, v);
-    p.shift64.push_back(v);
-    p.addend.push_back(rp.addend);
-    p.bmask.push_back(rp.bmask);
-  }
-  p.kind = round_kind(p.mode);
-  p.tile = p.channels * std::max<int64_t>(1, 1024 / p.channels);
-  for (int t = 0; t < p.terms; ++t)
-    for (int64_t j = 0; j < p.tile; ++j) p.mult_t.push_back(p.mult[t * p.channels + j % p.channels]);
-  for (int64_t j = 0; j < p.tile; ++j) {
-    const int64_t c = j % p.channels;
-    p.cnst_t.push_back(p.cnst[c]);
-    p.shift_t.push_back(p.shift64[c]);
-    p.addend_t.push_back(p.addend[c]);
-    p.bmask_t.push_back(p.bmask[c]);
-  }
-  if (p.terms == 2 && !p.wide && u8out && qconv_isa() == 2)
-    p.f64 = p.rq2.build(p.mult.data(), p.mult.data() + p.channels, p.cnst.data(), p.shift64.data(),
-                        p.addend.data(), static_cast<size_t>(p.channels), p.mode, p.zs, p.lo, p.hi) &&
-            p.rq2_t.build(p.mult_t.data(), p.mult_t.data() + p.tile, p.cnst_t.data(), p.shift_t.data(),
-                          p.addend_t.data(), static_cast<size_t>(p.tile), p.mode, p.zs, p.lo, p.hi);
-}
-
 struct RequantKernel {
   Params p;
   ONNXTensorElementDataType out_type;
@@ -227,7 +193,35 @@ struct RequantKernel {
     p.hi = ki.GetAttribute<int64_t>("hi");
     p.caxis_from_end = ki.GetAttribute<int64_t>("caxis_from_end");
     p.wide = ki.GetAttribute<int64_t>("wide") != 0;
-    setup_params(p, std::move(shift), out == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8);
+    p.channels = static_cast<int64_t>(p.cnst.size());
+    if (p.terms < 1 || p.terms > 4 || p.channels < 1 || shift.size() != p.cnst.size() ||
+        p.mult.size() != static_cast<size_t>(p.terms * p.channels) || p.mode < 0 || p.mode > 6)
+      throw std::runtime_error("Requant: inconsistent attributes (terms, mult, cnst, shift, mode)");
+    for (int64_t v : shift) {
+      if (v < 0 || v > 62) throw std::runtime_error("Requant: shift outside [0, 62]");
+      p.shift.push_back(static_cast<int>(v));
+      p.half.push_back(v > 0 ? (int64_t{1} << (v - 1)) : 1);
+      const RoundParams rp = round_params(p.mode, v);
+      p.shift64.push_back(v);
+      p.addend.push_back(rp.addend);
+      p.bmask.push_back(rp.bmask);
+    }
+    p.kind = round_kind(p.mode);
+    p.tile = p.channels * std::max<int64_t>(1, 1024 / p.channels);
+    for (int t = 0; t < p.terms; ++t)
+      for (int64_t j = 0; j < p.tile; ++j) p.mult_t.push_back(p.mult[t * p.channels + j % p.channels]);
+    for (int64_t j = 0; j < p.tile; ++j) {
+      const int64_t c = j % p.channels;
+      p.cnst_t.push_back(p.cnst[c]);
+      p.shift_t.push_back(p.shift64[c]);
+      p.addend_t.push_back(p.addend[c]);
+      p.bmask_t.push_back(p.bmask[c]);
+    }
+    if (p.terms == 2 && !p.wide && out == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 && qconv_isa() == 2)
+      p.f64 = p.rq2.build(p.mult.data(), p.mult.data() + p.channels, p.cnst.data(), p.shift64.data(),
+                          p.addend.data(), static_cast<size_t>(p.channels), p.mode, p.zs, p.lo, p.hi) &&
+              p.rq2_t.build(p.mult_t.data(), p.mult_t.data() + p.tile, p.cnst_t.data(), p.shift_t.data(),
+                            p.addend_t.data(), static_cast<size_t>(p.tile), p.mode, p.zs, p.lo, p.hi);
   }
 
   void Compute(OrtKernelContext* context) {
@@ -416,49 +410,6 @@ struct RequantOpT : Ort::CustomOpBase<RequantOpT<OUT>, RequantKernel, true> {
 };
 
 }  // namespace
-
-struct Add2Stage::Impl {
-  Params p;
-};
-
-Add2Stage::Add2Stage(std::vector<int64_t> mult, std::vector<int64_t> cnst, std::vector<int64_t> shift, int64_t mode,
-                     int64_t zs, int64_t lo, int64_t hi)
-    : impl_(new Impl) {
-  Params& p = impl_->p;
-  p.terms = 2;
-  p.mult = std::move(mult);
-  p.cnst = std::move(cnst);
-  p.mode = static_cast<int>(mode);
-  p.zs = zs;
-  p.lo = lo;
-  p.hi = hi;
-  setup_params(p, std::move(shift), true);
-}
-Add2Stage::~Add2Stage() = default;
-int64_t Add2Stage::channels() const { return impl_->p.channels; }
-
-// RequantKernel::run's two-uint8-term rows (float64 form where its tables were built, else add_u8 twice and
-// sum_row), on chunks of the tile length from channel 0: each element's result depends on its channel only.
-void Add2Stage::run(const uint8_t* x0, const uint8_t* x1, uint8_t* y, int64_t n) const {
-  const Params& p = impl_->p;
-  const bool lanes = p.channels > 1;
-  const int64_t row = lanes ? p.tile : 4096;
-  int64_t acc[4096];
-  for (int64_t off = 0; off < n; off += row) {
-    const int64_t m = std::min<int64_t>(row, n - off);
-    if (p.f64) {
-      rq2_row(lanes ? p.rq2_t : p.rq2, x0 + off, x1 + off, y + off, m, 0, lanes, p.zs, p.lo, p.hi);
-      continue;
-    }
-    const int64_t* mult = lanes ? p.mult_t.data() : p.mult.data();
-    const int64_t mstride = lanes ? p.tile : p.channels;
-    add_u8(x0 + off, m, mult, acc, true, lanes);
-    add_u8(x1 + off, m, mult + mstride, acc, false, lanes);
-    sum_row(acc, y + off, m, lanes ? p.cnst_t.data() : p.cnst.data(), lanes ? p.shift_t.data() : p.shift64.data(),
-            lanes ? p.addend_t.data() : p.addend.data(), lanes ? p.bmask_t.data() : p.bmask.data(), p.zs, p.lo,
-            p.hi, p.kind, lanes);
-  }
-}
 
 const OrtCustomOp* requant_u8_op() {
   static const RequantOpT<ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8> op;

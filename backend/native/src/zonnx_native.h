@@ -10,14 +10,13 @@
 
 #include <cstdint>
 #include <exception>
-#include <memory>
 #include <string>
 #include <vector>
 
 namespace zonnx_native {
 
 // Bumped whenever an op's inputs, attributes or semantics change; checked by the Python loader.
-constexpr int64_t kAbiVersion = 8;
+constexpr int64_t kAbiVersion = 7;
 constexpr const char* kDomain = "zonnx.native";
 
 // Runs fn(i) for i in [0, total) on the session's intra-op thread pool.
@@ -82,7 +81,6 @@ const OrtCustomOp* dwconv_op();
 const OrtCustomOp* qdwconv_op();
 const OrtCustomOp* qconv_op();
 const OrtCustomOp* qconv16_op();
-const OrtCustomOp* qconv_add_op();
 const OrtCustomOp* maxpool_i32_op();
 const OrtCustomOp* maxpool_u8_op();
 const OrtCustomOp* int8_to_u8_op();
@@ -136,22 +134,6 @@ struct Rq2Tables {
 // y[j] for n elements of x1, x2 (uint8): channel c0 + j (lanes) or c0 for all; needs AVX-512.
 void rq2_row(const Rq2Tables& t, const uint8_t* x1, const uint8_t* x2, uint8_t* y, int64_t n, int64_t c0, bool lanes,
              int64_t zs, int64_t lo, int64_t hi);
-
-// RequantU8's rule for two uint8 terms into uint8 (requant.cpp, attribute wide = 0), on the elements of
-// channels-last positions: QConvAdd's add stage. mult holds term 0's channels then term 1's.
-class Add2Stage {
- public:
-  Add2Stage(std::vector<int64_t> mult, std::vector<int64_t> cnst, std::vector<int64_t> shift, int64_t mode,
-            int64_t zs, int64_t lo, int64_t hi);
-  ~Add2Stage();
-  int64_t channels() const;
-  // y[j] for n elements starting at channel 0 of a position (y may be x0 or x1: read before written).
-  void run(const uint8_t* x0, const uint8_t* x1, uint8_t* y, int64_t n) const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 
 // clamp(((p + A + sel) >> s) + zs, lo, hi) for p = M x + K already formed: the one requantization tail
 // every kernel (Requant, QConv, QDwConv) applies per element.
