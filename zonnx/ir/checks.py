@@ -229,8 +229,10 @@ def _stored_count(t: onnx.TensorProto) -> tuple[int, str] | None:
     """(entries stored, unit) of an initializer with inline data; None for external data."""
     if t.data_location == onnx.TensorProto.EXTERNAL:
         return None
-    if t.raw_data and t.data_type != onnx.TensorProto.STRING:
-        return len(t.raw_data), "bytes of data"
+    if t.data_type != onnx.TensorProto.STRING and t.HasField("raw_data"):
+        raw = t.raw_data  # upb copies the bytes on each read: read once
+        if raw:
+            return len(raw), "bytes of data"
     field = onnx.helper.tensor_dtype_to_field(t.data_type)
     return len(getattr(t, field)), f"{field} entries"
 

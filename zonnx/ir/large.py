@@ -40,6 +40,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx.external_data_helper
 import onnx_ir as ir
@@ -254,6 +255,16 @@ def _copy_fields(src: Any, dst: Any, skip: str) -> None:
             setattr(dst, field.name, value)
 
 
+def _serialized_at_least(tensor: onnx.TensorProto, size: int) -> bool:
+    """``tensor.ByteSize() >= size``, without serializing a tensor whose raw bytes alone reach ``size``
+    (upb's ByteSize copies the whole message)."""
+    if tensor.HasField("raw_data"):
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        if int(np.prod(tensor.dims, dtype=np.int64)) * itemsize >= size:  # raw_data holds that many bytes
+            return True
+    return tensor.ByteSize() >= size
+
+
 def ort_session(
     model: onnx.ModelProto,
     options: Any = None,
@@ -280,7 +291,7 @@ def ort_session(
         if (
             init.data_type in _VALUE_TYPES
             and init.data_location != onnx.TensorProto.EXTERNAL
-            and init.ByteSize() >= 1024
+            and _serialized_at_least(init, 1024)
         ):
             ph = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
             ph.data_location = onnx.TensorProto.EXTERNAL

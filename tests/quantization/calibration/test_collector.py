@@ -218,3 +218,27 @@ def test_initializer_weights_and_model_left_unchanged() -> None:
     assert st["h"].min == pytest.approx(h.min(), rel=1e-5) and st["h"].max == pytest.approx(h.max(), rel=1e-5)
     assert st["y"].max == pytest.approx((h + b).max(), rel=1e-5) and st["y"].count == h.size
     assert (st["w"].min, st["w"].max, st["w"].batches) == (w.min(), w.max(), 2)
+
+
+@pytest.mark.parametrize("margin, packed", [(-1, "1"), (0, "")])
+def test_prepacking_off_exactly_past_the_limit(
+    monkeypatch: pytest.MonkeyPatch, margin: int, packed: str
+) -> None:
+    """The weights' serialized size decides (found from raw byte counts, serialized only near the limit):
+    one byte under their ByteSize sum turns ORT's packed weight copies off, exactly that sum keeps them."""
+    from zonnx.quantization.calibration import augment
+    from zonnx.quantization.calibration.collector import calibration_session
+    from zonnx.quantization.calibration.methods import requirements
+
+    proto = onnx.load(str(zoo.get("digits_cnn")))
+    aug = augment.build(proto, [proto.graph.node[0].output[0]], requirements(["minmax"]), sample=False)
+    size = sum(w.ByteSize() for w in aug.weights)
+    assert size > 0
+    monkeypatch.setenv("ZONNX_PROTO_LIMIT", str(size + margin))
+    sess = calibration_session(aug, ["CPUExecutionProvider"], ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    opts = sess.get_session_options()
+    try:
+        entry = opts.get_session_config_entry("session.disable_prepacking")
+    except RuntimeError:  # ORT raises for a key never set
+        entry = ""
+    assert entry == packed

@@ -117,12 +117,42 @@ def _state(value: ir.Value) -> tuple[bool, int]:
 
 
 # -- step 1: onnx's shape inference --------------------------------------------------------------
+def _stubbable(tensor: ir.TensorProtocol | None) -> bool:
+    """In memory, of whole-byte elements, and over ``_BIG_INITIALIZER_BYTES`` once serialized (its raw
+    bytes alone are): such a tensor would be handed to onnx's inference as a typed input anyway."""
+    if isinstance(tensor, ir.serde.TensorProtoTensor):
+        in_raw = tensor.raw.HasField("raw_data")  # typed fields (varints) may be shorter than nbytes
+    else:
+        in_raw = isinstance(tensor, ir.Tensor)
+    return (
+        in_raw
+        and tensor.dtype.bitwidth >= 8
+        and not tensor.dtype.is_string()
+        and tensor.nbytes > _BIG_INITIALIZER_BYTES
+    )
+
+
 def _onnx_inferred(model: ir.Model, data_prop: bool) -> ir.Model:
-    """A copy of ``model`` after onnx's shape inference; big initializers are passed as typed inputs."""
-    proto = ir.serde.serialize_model(model)
+    """A copy of ``model`` after onnx's shape inference; big initializers are passed as typed inputs.
+
+    The big initializers are serialized as data-less stubs (their values are put back after), so the
+    weights are not copied for a pass that only reads their types and shapes."""
+    stubbed: dict[str, tuple[ir.Value, ir.TensorProtocol]] = {}
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if _stubbable(tensor):
+            stubbed[value.name] = (value, tensor)
+            value.const_value = ir.ExternalTensor(
+                "zonnx-shape-stub", 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=value.name
+            )
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in stubbed.values():
+            value.const_value = tensor
     keep = []
     for tensor in proto.graph.initializer:
-        if tensor.ByteSize() > _BIG_INITIALIZER_BYTES:
+        if tensor.name in stubbed or tensor.ByteSize() > _BIG_INITIALIZER_BYTES:
             proto.graph.input.append(
                 onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
             )

@@ -116,6 +116,27 @@ def first_steps(aug: augment.Augmented, feed: dict[str, np.ndarray], hist_sample
     return np.where(sizes > 0, sample_steps(sizes, hist_sample), 1).astype(np.int64)
 
 
+#: Non-data fields (names, dims, doc strings) of all weights stay below this: under the limit by more
+#: than this, the weights' raw bytes decide without serializing them.
+_FIELDS_SLACK = 1 << 26
+
+
+def _weights_past_limit(weights: Sequence[onnx.TensorProto]) -> bool:
+    """``sum(w.ByteSize()) > proto_limit()``; upb's ByteSize copies each tensor, so raw-data weights are
+    measured by their element counts unless the sum comes within ``_FIELDS_SLACK`` of the limit."""
+    limit = proto_limit()
+    if all(w.HasField("raw_data") for w in weights):
+        payload = sum(
+            int(np.prod(w.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(w.data_type).itemsize
+            for w in weights
+        )
+        if payload > limit:  # the serialized tensors hold at least these bytes
+            return True
+        if payload < limit - _FIELDS_SLACK:
+            return False
+    return sum(w.ByteSize() for w in weights) > limit
+
+
 def calibration_session(
     aug: augment.Augmented, providers: Sequence[Any], level: ort.GraphOptimizationLevel
 ) -> ort.InferenceSession:
@@ -126,7 +147,7 @@ def calibration_session(
     # no spin-waiting between ops: on a loaded host ORT's spinning threads took the CPU that the Python
     # work between runs needs; same threads and work split, so the same values
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if sum(w.ByteSize() for w in aug.weights) > proto_limit():  # past 2 GiB: no packed copy of weights
+    if _weights_past_limit(aug.weights):  # past 2 GiB: no packed copy of weights
         opts.add_session_config_entry("session.disable_prepacking", "1")
     session_folder(opts, aug.model)  # a lazily loaded model: ORT maps its weights from their files
     try:
