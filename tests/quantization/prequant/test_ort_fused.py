@@ -58,3 +58,50 @@ def test_dynamic_quantize_matmul_from_ort_retargets(tmp_path: Path) -> None:
     b = np.concatenate([ort.InferenceSession(str(out)).run(None, f)[0].ravel() for f in feeds[8:]])
     assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
     assert compile_model(out, "bm1684x").partition.mac_share > 0.95
+
+
+def _ort_shared_input(tmp_path: Path) -> Path:
+    """Three MatMul + bias branches reading one input (an attention block's Q/K/V projections): after
+    ``quantize_dynamic``, ORT's optimizer keeps the shared DynamicQuantizeLinear and fuses each branch into
+    com.microsoft MatMulIntegerToFloat (with its bias)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(2)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((D, D)) / 8).astype(np.float32), f"w{i}")
+        for i in range(3)
+    ]
+    inits += [
+        numpy_helper.from_array((rng.standard_normal(D) / 8).astype(np.float32), f"b{i}") for i in range(3)
+    ]
+    nodes = []
+    for i in range(3):
+        nodes += [helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]  # fmt: skip
+    nodes += [helper.make_node("Add", ["a0", "a1"], ["s"]), helper.make_node("Add", ["s", "a2"], ["y"])]
+    graph = helper.make_graph(nodes, "qkv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, D])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, D])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "qkv.onnx"))
+    quantize_dynamic(str(tmp_path / "qkv.onnx"), str(tmp_path / "qkv_dyn.onnx"), weight_type=QuantType.QInt8)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(tmp_path / "qkv_fused.onnx")
+    ort.InferenceSession(str(tmp_path / "qkv_dyn.onnx"), opts, providers=["CPUExecutionProvider"])
+    return tmp_path / "qkv_fused.onnx"
+
+
+def test_matmul_integer_to_float_from_ort_retargets(tmp_path: Path) -> None:
+    src = _ort_shared_input(tmp_path)
+    ops = [n.op_type for n in onnx.load(str(src)).graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 3 and ops.count("DynamicQuantizeLinear") == 1
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((1, D)).astype(np.float32)} for _ in range(16)]
+    out = tmp_path / "zhouyi.onnx"
+    res = quantize_static(src, out, ListReader(feeds[:8]), **target_quantize_kwargs("zhouyi-x2"))
+    assert not {n.op_type for n in res.model.graph.node} & {"MatMulIntegerToFloat", "DynamicQuantizeLinear"}
+    a = np.concatenate([ort.InferenceSession(str(src)).run(None, f)[0].ravel() for f in feeds[8:]])
+    b = np.concatenate([ort.InferenceSession(str(out)).run(None, f)[0].ravel() for f in feeds[8:]])
+    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+    assert compile_model(out, "zhouyi-x2").partition.mac_share > 0.95
