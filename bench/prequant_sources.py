@@ -99,6 +99,7 @@ def tflite_int8(folder: Path, calib: list[dict[str, np.ndarray]]) -> Path:
     from zonnx.converters.from_tflite import from_tflite
     from zonnx.converters.tf_support import quiet_tf, require_tf
     from zonnx.ir.io import save_model
+    from zonnx.zoo.keras_weights import randomize_statistics
 
     tf, _ = require_tf()
     import keras
@@ -109,15 +110,7 @@ def tflite_int8(folder: Path, calib: list[dict[str, np.ndarray]]) -> Path:
         app = keras.applications.MobileNetV2(
             weights=None, input_tensor=inp, alpha=0.35, classes=10, classifier_activation=None
         )
-    rng = np.random.default_rng(0)
-    for w in app.weights:  # fresh BN layers are identities: give them trained-like statistics
-        name, shape = w.path, tuple(w.shape)
-        if "moving_variance" in name:
-            w.assign(rng.uniform(0.5, 2.0, shape).astype("float32"))
-        elif "moving_mean" in name or "beta" in name or "bias" in name:
-            w.assign(rng.normal(0.0, 0.2, shape).astype("float32"))
-        elif "gamma" in name:
-            w.assign(rng.uniform(0.5, 1.5, shape).astype("float32"))
+    randomize_statistics(app, 0)  # fresh BN layers are identities: give them trained-like statistics
     converter = tf.lite.TFLiteConverter.from_keras_model(app)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = lambda: ([f["image"]] for f in calib)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from zonnx.converters.tf_support import quiet_tf, require_tf
+from zonnx.zoo.keras_weights import randomize_statistics as randomize
 
 #: Image size of the small models (NHWC input), and of the Keras application.
 SMALL_HW = 16
@@ -27,21 +28,6 @@ def workdir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="zonnx-tf-models-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
-
-
-def randomize(model: Any, seed: int = 0) -> Any:
-    """Give BatchNormalization statistics and every bias non-trivial values (fresh Keras layers have
-    mean 0, variance 1, zero bias: folding them would test nothing)."""
-    rng = np.random.default_rng(seed)
-    for w in model.weights:
-        name, shape = w.path if hasattr(w, "path") else w.name, tuple(w.shape)
-        if "moving_variance" in name:
-            w.assign(rng.uniform(0.5, 2.0, shape).astype("float32"))
-        elif "moving_mean" in name or "bias" in name or "beta" in name:
-            w.assign(rng.normal(0.0, 0.2, shape).astype("float32"))
-        elif "gamma" in name:
-            w.assign(rng.uniform(0.5, 1.5, shape).astype("float32"))
-    return model
 
 
 def functional(seed: int = 0) -> Any:

@@ -82,6 +82,14 @@ def test_remedies_on_a_power_of_two_model_change_only_that_site(digits: Path) ->
     pos = {a.name: onnx.helper.get_attribute_value(a) for a in before.attribute}["pos"]
     got = {a.name: onnx.helper.get_attribute_value(a) for a in fix.attribute}
     assert got["bit_width"] == 16 and got["pos"] == pos + 8
+    assert len(got) == len(fix.attribute)  # each attribute once
+    explicit = onnx.ModelProto()
+    explicit.CopyFrom(quant)
+    node = {n.name: n for n in explicit.graph.node}[site.nodes[0]]
+    if not any(a.name == "bit_width" for a in node.attribute):
+        node.attribute.append(onnx.helper.make_attribute("bit_width", 8))
+    widened = {n.name: n for n in with_16_bits(explicit, site.nodes).graph.node}[site.nodes[0]]
+    assert [a.i for a in widened.attribute if a.name == "bit_width"] == [16]
     assert with_16_bits(wide, site.nodes) is None  # already 16 bits: not applicable
     values = site_values(quant, site.tensor, _feeds(4, 200))
     ranged = with_range(quant, site.nodes, values)

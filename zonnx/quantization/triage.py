@@ -39,7 +39,7 @@ import onnx
 from zonnx.errors import OptionError
 from zonnx.metrics.evaluate import FloatReference
 from zonnx.quantization.formats.remove_activations import METADATA_KEY as REMOVED_KEY
-from zonnx.quantization.triage_remedies import site_values, with_16_bits, with_range
+from zonnx.quantization.triage_remedies import REMEDIES, site_values, with_16_bits, with_range
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +73,12 @@ class TriageResult:
     remedies: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     def best_remedy(self, tensor: str) -> str | None:
-        """The remedy with the highest score for ``tensor``; among ties the cheapest (REMEDIES is dearest last)."""
+        """The remedy with the highest score for ``tensor``; among ties the cheapest (REMEDIES lists the
+        dearest first)."""
         tried = self.remedies.get(tensor, {})
         if not tried:
             return None
-        cost = {"range": 0, "16-bit": 1, "float": 2}
-        return max(tried, key=lambda r: (tried[r], -cost.get(r, 3)))
+        return max(tried, key=lambda r: (tried[r], REMEDIES.index(r)))
 
     @property
     def first(self) -> Site | None:

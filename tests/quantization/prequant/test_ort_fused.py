@@ -20,9 +20,26 @@ from zonnx.quantization.prequant import quantized_form
 D = 64
 
 
-def _ort_fused(tmp_path: Path) -> Path:
+def _dynamic_then_ort_optimized(path: Path, nodes: list, inits: list, output: str) -> Path:
+    """Save the float graph (input ``x`` [1, D] -> ``output``) at ``path``, quantize it with ORT's
+    ``quantize_dynamic``, and return the model ORT's own optimizer (EXTENDED level) writes from it."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    graph = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, D])],
+                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, [1, D])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    dynamic, fused = path.with_name(path.stem + "_dyn.onnx"), path.with_name(path.stem + "_fused.onnx")
+    quantize_dynamic(str(path), str(dynamic), weight_type=QuantType.QInt8)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(fused)
+    ort.InferenceSession(str(dynamic), opts, providers=["CPUExecutionProvider"])
+    return fused
+
+
+def _ort_fused(tmp_path: Path) -> Path:
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
     for i in range(3):
@@ -31,17 +48,7 @@ def _ort_fused(tmp_path: Path) -> Path:
         nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
                   helper.make_node("Relu", [f"a{i}"], [f"r{i}"])]  # fmt: skip
         x = f"r{i}"
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, D])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, D])], inits)  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save(model, str(tmp_path / "mlp.onnx"))
-    quantize_dynamic(str(tmp_path / "mlp.onnx"), str(tmp_path / "dyn.onnx"), weight_type=QuantType.QInt8)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    opts.optimized_model_filepath = str(tmp_path / "fused.onnx")
-    ort.InferenceSession(str(tmp_path / "dyn.onnx"), opts, providers=["CPUExecutionProvider"])
-    return tmp_path / "fused.onnx"
+    return _dynamic_then_ort_optimized(tmp_path / "mlp.onnx", nodes, inits, x)
 
 
 def test_dynamic_quantize_matmul_from_ort_retargets(tmp_path: Path) -> None:
@@ -64,8 +71,6 @@ def _ort_shared_input(tmp_path: Path) -> Path:
     """Three MatMul + bias branches reading one input (an attention block's Q/K/V projections): after
     ``quantize_dynamic``, ORT's optimizer keeps the shared DynamicQuantizeLinear and fuses each branch into
     com.microsoft MatMulIntegerToFloat (with its bias)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     rng = np.random.default_rng(2)
     inits = [
         numpy_helper.from_array((rng.standard_normal((D, D)) / 8).astype(np.float32), f"w{i}")
@@ -79,17 +84,7 @@ def _ort_shared_input(tmp_path: Path) -> Path:
         nodes += [helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]),
                   helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]  # fmt: skip
     nodes += [helper.make_node("Add", ["a0", "a1"], ["s"]), helper.make_node("Add", ["s", "a2"], ["y"])]
-    graph = helper.make_graph(nodes, "qkv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, D])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, D])], inits)  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save(model, str(tmp_path / "qkv.onnx"))
-    quantize_dynamic(str(tmp_path / "qkv.onnx"), str(tmp_path / "qkv_dyn.onnx"), weight_type=QuantType.QInt8)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    opts.optimized_model_filepath = str(tmp_path / "qkv_fused.onnx")
-    ort.InferenceSession(str(tmp_path / "qkv_dyn.onnx"), opts, providers=["CPUExecutionProvider"])
-    return tmp_path / "qkv_fused.onnx"
+    return _dynamic_then_ort_optimized(tmp_path / "qkv.onnx", nodes, inits, "y")
 
 
 def test_matmul_integer_to_float_from_ort_retargets(tmp_path: Path) -> None:

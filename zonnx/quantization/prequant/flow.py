@@ -39,6 +39,7 @@ from zonnx.quantization.prequant.retarget import (
     keep_unsigned,
     pin_ranges,
 )
+from zonnx.quantization.schemes import qdtype
 
 logger = logging.getLogger(__name__)
 
@@ -108,10 +109,10 @@ def refuse_narrow_activations(imported: ImportedModel, activation_dtypes: Sequen
     """Rule: an imported activation grid narrower than every activation type the target has (4-bit
     codes on an 8/16-bit NPU) is one the target can never take: its accuracy was trained or calibrated
     for those few levels, and widening them changes the model. Refused; ``--requantize`` starts from float."""
-    widths = sorted({int("".join(c for c in d if c.isdigit()) or 0) for d in activation_dtypes} - {0})
-    if not widths:
+    if not activation_dtypes:
         return
-    narrow = {name: g for name, g in imported.activations.items() if g.bits < widths[0]}
+    narrowest = min(qdtype(d).bits for d in activation_dtypes)
+    narrow = {name: g for name, g in imported.activations.items() if g.bits < narrowest}
     if narrow:
         name, grid = next(iter(narrow.items()))
         raise OptionError(

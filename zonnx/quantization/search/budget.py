@@ -168,14 +168,18 @@ def search_budget(
 
         runner = executor if (executor is not None and trials_per_round > 1) else LocalExecutor()
 
-        def trials(ks: list[int]) -> list[Candidate]:
+        def trials(ks: list[int], full: bool = False) -> list[Candidate]:
+            """Score the prefixes of sizes ``ks`` (on every evaluation sample with ``full``) on the runner."""
             found = list(
-                runner.map(lambda o: scorer.score(o), [{n: precision for n in order[:k]} for k in ks])
+                runner.map(
+                    lambda o: scorer.score(o, full=full), [{n: precision for n in order[:k]} for k in ks]
+                )
             )
+            where = f", all {len(scorer.full.feeds)} samples" if full else ""
             for k, cand in zip(ks, found, strict=True):
                 candidates.append(cand)
                 if progress:
-                    progress(f"top {k} raised", cand)
+                    progress(f"top {k} raised{where}", cand)
             return found
 
         # The most layers first: if raising all of them misses the budget, no prefix meets it.
@@ -191,8 +195,7 @@ def search_budget(
                 low = max([k for k, c in scored.items() if c.score < threshold and k < high], default=low)
             best = next(c for c in candidates if c.raised == high and c.score >= threshold)
             if scorer.subset:
-                best = _confirm(scorer, order, high, (precision, threshold), candidates, progress,
-                                runner, trials_per_round)  # fmt: skip
+                best = _confirm(trials, high, len(order), threshold, trials_per_round)
     met = best.score >= threshold
     share = best.npu_mac_share
     if not met and share is not None and share < min_npu_share:
@@ -252,34 +255,17 @@ def confirm_sizes(k: int, limit: int, count: int) -> list[int]:
 
 
 def _confirm(
-    scorer: CandidateScorer,
-    order: Sequence[str],
-    k: int,
-    rule: tuple[str, float],
-    candidates: list[Candidate],
-    progress: Callable[[str, Candidate | None], None] | None,
-    runner: Executor,
-    per_round: int,
+    trials: Callable[..., list[Candidate]], k: int, limit: int, threshold: float, per_round: int
 ) -> Candidate:
-    """Score the first ``k`` layers raised (``rule``: precision, threshold) on every evaluation sample,
-    growing k by half until it meets; each round scores ``per_round`` growing sizes at once on ``runner``
-    and keeps the smallest that meets (so the choice is the same whatever ``per_round`` is)."""
-    precision, threshold = rule
+    """Score the first ``k`` layers raised on every evaluation sample (``trials(sizes, full=True)``),
+    growing k by half until it meets or reaches ``limit``; each round scores ``per_round`` growing sizes
+    at once and keeps the smallest that meets (so the choice is the same whatever ``per_round`` is)."""
     while True:
-        sizes = confirm_sizes(k, len(order), per_round)
-        found = list(
-            runner.map(
-                lambda o: scorer.score(o, full=True), [{n: precision for n in order[:s]} for s in sizes]
-            )
-        )
-        for size, cand in zip(sizes, found, strict=True):
-            candidates.append(cand)
-            if progress:
-                progress(f"top {size} raised, all {len(scorer.full.feeds)} samples", cand)
-        for size, cand in zip(sizes, found, strict=True):
-            if cand.score >= threshold or size >= len(order):
+        sizes = confirm_sizes(k, limit, per_round)
+        for size, cand in zip(sizes, trials(sizes, full=True), strict=True):
+            if cand.score >= threshold or size >= limit:
                 return cand
-        k = min(len(order), sizes[-1] + max(1, sizes[-1] // 2))
+        k = min(limit, sizes[-1] + max(1, sizes[-1] // 2))
 
 
 def _toml_value(value: Any) -> str:

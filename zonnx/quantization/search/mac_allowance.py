@@ -21,8 +21,9 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
+from zonnx.inspection.folding import infer_folded
 from zonnx.inspection.macs import MAC_OPS, fix_input_shapes, node_macs
-from zonnx.inspection.shapes import infer, shape_skeleton, value_types
+from zonnx.inspection.shapes import shape_skeleton, value_types
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +32,11 @@ def node_macs_by_name(
     model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> dict[str, int | None]:
     """MACs of every main-graph node (0 for ops without a MAC rule, None when shapes are unknown); the
-    inputs' dims fixed to ``input_shapes`` with the shape arithmetic folded, as the compiler does."""
-    if input_shapes:
-        from zonnx.backend.compile_api import fix_input_shapes as fix_and_fold
-
-        model = fix_and_fold(model, input_shapes)
+    inputs' dims fixed to ``input_shapes`` and the shape arithmetic they make constant folded, as
+    ``zonnx inspect`` counts them."""
     skeleton = shape_skeleton(model)
     fix_input_shapes(skeleton, 1, input_shapes)
-    inferred, _ = infer(skeleton)
+    inferred, _ = infer_folded(skeleton)
     types = value_types(inferred if inferred is not None else skeleton)
     out: dict[str, int | None] = {}
     for node in model.graph.node:
