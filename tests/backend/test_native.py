@@ -349,6 +349,7 @@ def _expected_isa(forced: str) -> set[str]:
         (3, 16, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1]),  # the ResNet stem's geometry
         (8, 64, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1]),  # pointwise: rows read in place
         (4, 130, [3, 2], [2, 1], [0, 2, 1, 0], [2, 1]),  # asymmetric pads, dilation, three panels
+        (64, 200, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),  # one block of positions: split into panel groups
     ],
 )
 @pytest.mark.parametrize("big", [False, True])
@@ -480,6 +481,7 @@ def test_qdwconv_matches_numpy(
         (5, 70, [3, 3], [1, 1], [1, 1, 1, 1]),
         (3, 16, [7, 7], [2, 2], [3, 3, 3, 3]),
         (8, 130, [1, 1], [1, 1], [0] * 4),
+        (16, 200, [3, 3], [1, 1], [1, 1, 1, 1]),  # two blocks of positions: split into panel groups
     ],
 )
 def test_qconv16_matches_numpy(

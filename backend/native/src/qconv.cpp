@@ -34,6 +34,30 @@ constexpr int kNV = 4;      // vector blocks per panel: a panel is 64 output cha
 static_assert(kNV == 4, "mk_vnni names four accumulators per row");
 constexpr int kPanel = kLanes * kNV;
 
+// The parallel tasks of a conv: blocks of output positions x groups of 64-channel panels. A conv with few
+// output positions (a CNN's late layers at batch 1: 7x7 = 49 positions fit one block) would run on one
+// thread, so while there are fewer than kMinTasks blocks the panels are split into groups too, each task
+// keeping at least kTaskMacs multiply-adds; the im2col rows are then built once for all groups. Every
+// output element is computed exactly as with one task, so the split changes speed only.
+constexpr int64_t kMinTasks = 8;
+constexpr int64_t kTaskMacs = int64_t{1} << 20;
+
+struct TaskGrid {
+  int64_t blocks, groups, panels;
+  int64_t first_panel(int64_t group) const { return group * panels / groups; }
+};
+
+// ``row_macs``: multiply-adds of one output position against one panel.
+TaskGrid task_grid(int64_t total, int64_t block, int64_t panels, int64_t row_macs) {
+  const int64_t blocks = (total + block - 1) / block;
+  int64_t groups = 1;
+  if (blocks < kMinTasks) {
+    const int64_t block_macs = std::min(block, total) * row_macs * panels;
+    groups = std::min({panels, (kMinTasks + blocks - 1) / blocks, std::max<int64_t>(1, block_macs / kTaskMacs)});
+  }
+  return {blocks, groups, panels};
+}
+
 // The GEMM path: 2 = AVX-512 VNNI, 1 = AVX-VNNI (256-bit VEX), 0 = portable. $ZONNX_NATIVE_ISA = baseline
 // or avx-vnni caps it (tests of every path on one machine).
 int select_isa() {
@@ -595,17 +619,32 @@ struct QConvKernel {
     });
     const uint8_t plo = static_cast<uint8_t>(xzp & 255), phi = static_cast<uint8_t>(xzp >> 8);
     const int64_t block = std::clamp<int64_t>((262144 / row) / 3 * 3, 3, 120);
-    const size_t tasks = static_cast<size_t>((total + block - 1) / block);
-    parallel_for(ctx, tasks, [&](size_t task) {
+    const TaskGrid grid = task_grid(total, block, (o + kPanel - 1) / kPanel, row * kPanel);
+    // split into channel groups too (task_grid): every block's rows are built once, before the GEMM tasks
+    thread_local std::vector<uint8_t> built;  // the calling thread's, like buffer
+    if (grid.groups > 1) {
+      if (built.size() < static_cast<size_t>(total * row)) built.resize(static_cast<size_t>(total * row));
+      uint8_t* const dst = built.data();
+      parallel_for(ctx, static_cast<size_t>(grid.blocks), [&](size_t b) {
+        const int64_t r0 = static_cast<int64_t>(b) * block, rows = std::min<int64_t>(block, total - r0);
+        im2col(planes, h, w, c, oh, ow, r0, rows, dst + r0 * row, plo, row);
+        im2col(planes + size, h, w, c, oh, ow, r0, rows, dst + r0 * row + kp, phi, row);
+      });
+    }
+    const uint8_t* const rows_built = grid.groups > 1 ? built.data() : nullptr;
+    parallel_for(ctx, static_cast<size_t>(grid.blocks * grid.groups), [&](size_t t) {
       thread_local std::vector<uint8_t> scratch;
-      const int64_t r0 = static_cast<int64_t>(task) * block, rows = std::min<int64_t>(block, total - r0);
-      if (scratch.size() < static_cast<size_t>(block * row)) scratch.resize(static_cast<size_t>(block * row));
-      im2col(planes, h, w, c, oh, ow, r0, rows, scratch.data(), plo, row);
-      im2col(planes + size, h, w, c, oh, ow, r0, rows, scratch.data() + kp, phi, row);
-      const uint8_t* col = scratch.data();
+      const int64_t task = static_cast<int64_t>(t) / grid.groups, group = static_cast<int64_t>(t) % grid.groups;
+      const int64_t r0 = task * block, rows = std::min<int64_t>(block, total - r0);
+      const uint8_t* col = rows_built != nullptr ? rows_built + r0 * row : nullptr;
+      if (col == nullptr) {
+        if (scratch.size() < static_cast<size_t>(block * row)) scratch.resize(static_cast<size_t>(block * row));
+        im2col(planes, h, w, c, oh, ow, r0, rows, scratch.data(), plo, row);
+        im2col(planes + size, h, w, c, oh, ow, r0, rows, scratch.data() + kp, phi, row);
+        col = scratch.data();
+      }
       alignas(64) int32_t tlo[kMR * kPanel], thi[kMR * kPanel];
-      const int64_t panels = (o + kPanel - 1) / kPanel;
-      for (int64_t pn = 0; pn < panels; ++pn) {
+      for (int64_t pn = grid.first_panel(group); pn < grid.first_panel(group + 1); ++pn) {
         const int64_t o0 = pn * kPanel;
         const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
         const int nv = (nch + kLanes - 1) / kLanes;
@@ -665,19 +704,34 @@ struct QConvKernel {
                         kp == k;
     // positions per block: the block's im2col rows within about 256 KB
     const int64_t block = std::clamp<int64_t>((262144 / kp) / kMR * kMR, kMR, 40 * kMR);
-    const size_t tasks = static_cast<size_t>((total + block - 1) / block);
-    parallel_for(ctx, tasks, [&](size_t task) {
+    const TaskGrid grid = task_grid(total, block, (o + kPanel - 1) / kPanel, kp * kPanel);
+    // split into channel groups too (task_grid): every block's im2col rows are built once, before the GEMM
+    // tasks, in the calling thread's buffer (as compute16's planes)
+    const bool prebuilt = grid.groups > 1 && !direct;
+    thread_local std::vector<uint8_t> built;
+    if (prebuilt) {
+      if (built.size() < static_cast<size_t>(total * kp)) built.resize(static_cast<size_t>(total * kp));
+      uint8_t* const dst = built.data();
+      parallel_for(ctx, static_cast<size_t>(grid.blocks), [&](size_t b) {
+        const int64_t r0 = static_cast<int64_t>(b) * block, rows = std::min<int64_t>(block, total - r0);
+        im2col(x, h, w, c, oh, ow, r0, rows, dst + r0 * kp, static_cast<uint8_t>(xzp), kp);
+      });
+    }
+    const uint8_t* const rows_built = prebuilt ? built.data() : nullptr;
+    parallel_for(ctx, static_cast<size_t>(grid.blocks * grid.groups), [&](size_t t) {
       thread_local std::vector<uint8_t> scratch;
-      const int64_t r0 = static_cast<int64_t>(task) * block, rows = std::min<int64_t>(block, total - r0);
+      const int64_t task = static_cast<int64_t>(t) / grid.groups, group = static_cast<int64_t>(t) % grid.groups;
+      const int64_t r0 = task * block, rows = std::min<int64_t>(block, total - r0);
       const uint8_t* col = x + r0 * c;
-      if (!direct) {
+      if (prebuilt) {
+        col = rows_built + r0 * kp;
+      } else if (!direct) {
         if (scratch.size() < static_cast<size_t>(block * kp)) scratch.resize(static_cast<size_t>(block * kp));
         im2col(x, h, w, c, oh, ow, r0, rows, scratch.data(), static_cast<uint8_t>(xzp), kp);
         col = scratch.data();
       }
       alignas(64) int32_t tile[kMR * kPanel];
-      const int64_t panels = (o + kPanel - 1) / kPanel;
-      for (int64_t pn = 0; pn < panels; ++pn) {
+      for (int64_t pn = grid.first_panel(group); pn < grid.first_panel(group + 1); ++pn) {
         const int64_t o0 = pn * kPanel;
         const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
         const int nv = (nch + kLanes - 1) / kLanes;
