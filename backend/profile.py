@@ -39,9 +39,8 @@ from zonnx.backend.compiled import NPU_DOMAIN, NPU_OP, compiled_info, is_compile
 from zonnx.backend.compiler.tiling import Engine, LayerPlan, plan_tiling
 from zonnx.backend.targets import TARGETS_DIR, Target, load_target
 from zonnx.errors import OptionError
-from zonnx.inspection.macs import MAC_OPS, fix_input_shapes, node_macs
+from zonnx.inspection.macs import node_macs_by_name
 from zonnx.inspection.render import PLAIN_BOX
-from zonnx.inspection.shapes import infer, shape_skeleton, value_types
 
 logger = logging.getLogger(__name__)
 
@@ -180,18 +179,6 @@ def _load(model: Any) -> tuple[onnx.ModelProto, str]:
     return (model if isinstance(model, onnx.ModelProto) else to_proto(model)), "model"
 
 
-def _cpu_macs(model: onnx.ModelProto, input_shapes: dict | None) -> dict[str, int | None]:
-    """MACs of the CPU nodes that have a MAC rule (by their inferred shapes; None when unknown)."""
-    nodes = [n for n in model.graph.node if ("", n.op_type) in MAC_OPS and n.domain in ("", "ai.onnx")]
-    if not nodes:
-        return {}
-    skeleton = shape_skeleton(model)
-    fix_input_shapes(skeleton, 1, input_shapes)
-    inferred, _ = infer(skeleton)
-    types = value_types(inferred if inferred is not None else skeleton)
-    return {n.name: node_macs(n, types)[0] for n in nodes}
-
-
 def profile_model(
     model: Any,
     target: str | Path | Target | None = None,
@@ -229,7 +216,7 @@ def profile_model(
     if not compiled_here and compiled_for and compiled_for != eng.target:
         notes.append(f"compiled for {compiled_for}; profiled with the hardware numbers of {eng.target}")
     rows: list[ProfileRow] = []
-    cpu_macs = _cpu_macs(proto, input_shapes)
+    cpu_macs = node_macs_by_name(proto, input_shapes)  # shape arithmetic folded, as `zonnx inspect`
     converts = 0
     for node in proto.graph.node:
         if node.op_type == NPU_OP and node.domain == NPU_DOMAIN:

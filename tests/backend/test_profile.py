@@ -137,3 +137,53 @@ def test_resnet18_on_dpu_b4096(resnet_dpu: ProfileReport) -> None:
     fc = _row(resnet_dpu, "/fc/Gemm")
     assert fc.bound == "memory" and fc.memory_cycles == math.ceil((512_000 + 512 + 1000) / 64)
     assert 100 < t["fps"] < 1000
+
+
+def test_cpu_macs_fold_shape_arithmetic(tmp_path: Path) -> None:
+    """A CPU MatMul behind a Reshape whose target shape is computed (Shape -> Slice -> ReduceProd) gets
+    its MACs counted in a model ORT quantized (the shape arithmetic folded once the batch is fixed, as
+    ``zonnx inspect`` counts)."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Slice", ["s", "one", "three"], ["tail"]),
+        helper.make_node("ReduceProd", ["tail"], ["width"], keepdims=1),
+        helper.make_node("Concat", ["n", "width"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([3], np.int64), "three"),
+        numpy_helper.from_array(rng.standard_normal((64, 10)).astype(np.float32), "w"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        inits,
+    )
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), src)
+    feeds = [{"x": rng.standard_normal((1, 8, 8)).astype(np.float32)} for _ in range(4)]
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter(feeds)
+
+        def get_next(self) -> dict | None:
+            return next(self.items, None)
+
+    qpath = tmp_path / "q.onnx"
+    quantize_static(str(src), str(qpath), Reader())  # ORT's quantizer keeps the shape arithmetic
+    report = profile_model(qpath, "bm1684x")
+    matmul = [r for r in report.rows if r.kind == "MatMul"]
+    assert [r.macs for r in matmul] == [64 * 10]

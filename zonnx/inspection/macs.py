@@ -27,6 +27,7 @@ __all__ = [
     "fix_input_shapes",
     "node_macs",
     "count_macs",
+    "node_macs_by_name",
 ]
 
 import dataclasses
@@ -38,6 +39,7 @@ import numpy as np
 import onnx
 
 from zonnx.errors import OptionError, did_you_mean
+from zonnx.inspection.folding import infer_folded
 from zonnx.inspection.shapes import (
     DEFAULT_DOMAINS,
     INFERENCE_SYMBOL,
@@ -45,6 +47,8 @@ from zonnx.inspection.shapes import (
     iter_graphs,
     iter_nodes,
     op_key,
+    shape_skeleton,
+    value_types,
 )
 
 logger = logging.getLogger(__name__)
@@ -319,3 +323,20 @@ def count_macs(model: onnx.ModelProto, types: Mapping[str, ValueType]) -> Macs:
     macs.total = sum(e.macs for e in macs.by_op)
     macs.complete = not macs.unknown
     return macs
+
+
+def node_macs_by_name(
+    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, int | None]:
+    """MACs of every main-graph node (0 for ops without a MAC rule, None when shapes are unknown); the
+    inputs' dims fixed to ``input_shapes`` and the shape arithmetic they make constant folded, as
+    ``zonnx inspect`` counts them."""
+    skeleton = shape_skeleton(model)
+    fix_input_shapes(skeleton, 1, input_shapes)
+    inferred, _ = infer_folded(skeleton)
+    types = value_types(inferred if inferred is not None else skeleton)
+    out: dict[str, int | None] = {}
+    for node in model.graph.node:
+        key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+        out[node.name] = node_macs(node, types)[0] if key in MAC_OPS else 0
+    return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 import onnx
 
 from zonnx import zoo
-from zonnx.quantization.search.mac_allowance import node_macs_by_name, within_mac_allowance
+from zonnx.inspection.macs import node_macs_by_name
+from zonnx.quantization.search.mac_allowance import within_mac_allowance
 
 
 def test_macs_by_name_count_the_ppocr_recognizer_at_a_fixed_width() -> None:

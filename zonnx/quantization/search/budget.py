@@ -49,9 +49,10 @@ from typing import Any
 import numpy as np
 
 from zonnx.errors import OptionError
+from zonnx.inspection.macs import node_macs_by_name
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.executor import Executor, LocalExecutor
-from zonnx.quantization.search.mac_allowance import node_macs_by_name, within_mac_allowance
+from zonnx.quantization.search.mac_allowance import within_mac_allowance
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import layer_sensitivity, rank_layers
 

@@ -14,35 +14,12 @@ the minimum size); the search checks each choice's real share afterwards.
 
 from __future__ import annotations
 
-__all__ = ["node_macs_by_name", "within_mac_allowance"]
+__all__ = ["within_mac_allowance"]
 
 import logging
 from collections.abc import Mapping, Sequence
 
-import onnx
-
-from zonnx.inspection.folding import infer_folded
-from zonnx.inspection.macs import MAC_OPS, fix_input_shapes, node_macs
-from zonnx.inspection.shapes import shape_skeleton, value_types
-
 logger = logging.getLogger(__name__)
-
-
-def node_macs_by_name(
-    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
-) -> dict[str, int | None]:
-    """MACs of every main-graph node (0 for ops without a MAC rule, None when shapes are unknown); the
-    inputs' dims fixed to ``input_shapes`` and the shape arithmetic they make constant folded, as
-    ``zonnx inspect`` counts them."""
-    skeleton = shape_skeleton(model)
-    fix_input_shapes(skeleton, 1, input_shapes)
-    inferred, _ = infer_folded(skeleton)
-    types = value_types(inferred if inferred is not None else skeleton)
-    out: dict[str, int | None] = {}
-    for node in model.graph.node:
-        key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
-        out[node.name] = node_macs(node, types)[0] if key in MAC_OPS else 0
-    return out
 
 
 def within_mac_allowance(
