@@ -36,7 +36,7 @@ class ModelSaveError(ZonnxError):
 
 
 class UnsupportedModelError(ZonnxError):
-    """A model uses an opset or IR version zonnx cannot handle."""
+    """A model uses an opset, IR version or graph zonnx cannot handle (e.g. a layer both float and quantized)."""
 
 
 class OptionError(ZonnxError, ValueError):
