@@ -159,7 +159,10 @@ def find_duplicate_layers(
             if x is not None and node.inputs[1] is not None and const_array(x) is None:
                 readers.setdefault(id(_source_tensor(x, relus)), []).append(node)
     found: list[DuplicateLayer] = []
-    for nodes in (g for g in readers.values() if len(g) > 1):
+    for nodes in readers.values():
+        gridded = {n.inputs[1].name in weight_grids for n in nodes}
+        if gridded != {True, False}:  # no float copy next to a quantized one: weights never read
+            continue
         layers = [lay for lay in (_layer(n, weight_grids) for n in nodes) if lay is not None]
         quantized = [lay for lay in layers if lay.step is not None]
         floats = [lay for lay in layers if lay.step is None]
@@ -168,6 +171,10 @@ def find_duplicate_layers(
                 if _same_layer(f, q):
                     src = _source_tensor(f.node.inputs[0], relus)
                     found.append(DuplicateLayer(f.node, q.node, src.name or "?"))
+    if found:
+        logger.info(
+            "%d layer(s) held both float and quantized, e.g. %s", len(found), label(found[0].float_node)
+        )
     return found
 
 
