@@ -39,7 +39,7 @@ from zonnx.converters.common import (
     ConversionResult,
 )
 from zonnx.converters.preprocess import Preprocess
-from zonnx.errors import ModelLoadError, OptionError, did_you_mean
+from zonnx.errors import ModelLoadError, OptionError, did_you_mean, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def load_python_entry(spec: str, init_args: Mapping[str, Any] | None = None) -> 
     except SyntaxError as e:
         raise ModelLoadError(f"{path}:{e.lineno}: syntax error ({e.msg}); fix the file.") from None
     except Exception as e:
-        raise ModelLoadError(f"{path}: importing it failed ({type(e).__name__}: {_first_line(e)}).") from None
+        raise ModelLoadError(f"{path}: importing it failed ({type(e).__name__}: {first_line(e)}).") from None
     finally:
         sys.path.remove(str(path.resolve().parent))
     defined = {k: v for k, v in vars(module).items() if getattr(v, "__module__", None) == mod_name}
@@ -178,7 +178,7 @@ def load_python_entry(spec: str, init_args: Mapping[str, Any] | None = None) -> 
     try:
         model = factory(**dict(init_args or {}))
     except Exception as e:
-        raise ConversionError(f"{path}:{name}(...) failed: {type(e).__name__}: {_first_line(e)}.") from None
+        raise ConversionError(f"{path}:{name}(...) failed: {type(e).__name__}: {first_line(e)}.") from None
     if not isinstance(model, torch.nn.Module):
         raise ConversionError(f"{path}:{name} returned a {type(model).__name__}, not a torch nn.Module.")
     return model
@@ -462,9 +462,4 @@ def run_frontend(
 
 
 def _first_sentence(e: BaseException) -> str:
-    return _first_line(e).split(". ")[0].rstrip(".")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return first_line(e).split(". ")[0].rstrip(".")

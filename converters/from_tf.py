@@ -40,12 +40,11 @@ from zonnx.converters.tf_support import (
     convert_function,
     convert_options,
     finish_and_check,
-    first_line,
     quiet_tf,
     require_tf,
     tensor_specs,
 )
-from zonnx.errors import OptionError, did_you_mean
+from zonnx.errors import OptionError, did_you_mean, first_line
 
 logger = logging.getLogger(__name__)
 

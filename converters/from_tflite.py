@@ -36,13 +36,13 @@ from zonnx.converters.tf_support import (
     TF2ONNX_MAX_OPSET,
     convert_options,
     finish_and_check,
-    first_line,
     name_dynamic_dims,
     native_stderr_silenced,
     quiet_tf,
     raise_if_unsupported,
     require_tf,
 )
+from zonnx.errors import first_line
 from zonnx.verify import input_specs
 
 logger = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from zonnx.converters.common import (
     check_against_source,
     finish,
 )
-from zonnx.errors import VerificationError
+from zonnx.errors import VerificationError, first_line
 from zonnx.ir.large import copy_model
 
 logger = logging.getLogger(__name__)
@@ -161,8 +161,7 @@ def _short_export_error(e: Exception, graph_log: str, opset: int) -> ConversionE
     text = str(e).strip()
     m = _KIND.search(text)
     kind = (m.group(1) or m.group(2)) if m else ""
-    first = text.splitlines()[0] if text else type(e).__name__
-    first = first.split("  [Caused by")[0].rstrip(". ")
+    first = first_line(e).split("  [Caused by")[0].rstrip(". ")
     if not kind:
         return ConversionError(f"torch cannot export the model: {first}.")
     added = re.search(r"added in version (\d+)", text)
@@ -374,7 +373,7 @@ def convert_module(
                 if isinstance(t, torch.Tensor)
             )
             raise ConversionError(
-                f"the model fails on example inputs {shapes} ({_first_line(e)}); give input "
+                f"the model fails on example inputs {shapes} ({first_line(e)}); give input "
                 "shapes that fit the model (--input-shape NAME:D1,D2,...)."
             ) from None
     outs = _flatten(example_out)
@@ -457,9 +456,9 @@ def _check(
                 if index >= generated:
                     raise ConversionError(
                         f"the torch module fails on test input {index - generated + 1} ({sizes}): "
-                        f"{type(e).__name__}: {_first_line(e)}; fix the input or leave it out."
+                        f"{type(e).__name__}: {first_line(e)}; fix the input or leave it out."
                     ) from None
-                skipped.append(f"{sizes} ({_first_line(e)})")
+                skipped.append(f"{sizes} ({first_line(e)})")
                 continue
             feeds_list.append(feeds)
             refs[id(feeds)] = to_codes({str(i): a for i, a in enumerate(theirs)})
@@ -492,8 +491,3 @@ def _runtime_failure(message: str, feeds_list: Sequence[Mapping[str, np.ndarray]
         f"the exported model does not run on the check inputs ({sizes}): {where}. The exporter probably "
         "traced a size as a constant: mark fewer dims dynamic, or fix the input sizes."
     )
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -12,7 +12,6 @@ __all__ = [
     "require_tf",
     "quiet_tf",
     "native_stderr_silenced",
-    "first_line",
     "unsupported_ops",
     "raise_if_unsupported",
     "fix_shape",
@@ -42,7 +41,7 @@ from zonnx.converters.common import (
     check_against_source,
     finish,
 )
-from zonnx.errors import OptionError, did_you_mean
+from zonnx.errors import OptionError, did_you_mean, first_line
 from zonnx.verify import make_inputs
 
 logger = logging.getLogger(__name__)
@@ -106,11 +105,6 @@ def quiet_tf() -> Iterator[None]:
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def unsupported_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:

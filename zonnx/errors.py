@@ -12,6 +12,7 @@ __all__ = [
     "VerificationError",
     "MetricError",
     "did_you_mean",
+    "first_line",
 ]
 
 import difflib
@@ -36,7 +37,7 @@ class ModelSaveError(ZonnxError):
 
 
 class UnsupportedModelError(ZonnxError):
-    """A model uses an opset or IR version zonnx cannot handle."""
+    """A model uses an opset, IR version or graph zonnx cannot handle (e.g. a layer both float and quantized)."""
 
 
 class OptionError(ZonnxError, ValueError):
@@ -53,6 +54,14 @@ class VerificationError(ZonnxError):
 
 class MetricError(ZonnxError):
     """A model metric cannot be loaded or failed (plugin file or class missing, it raised, or gave no number)."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message, blank space around the message dropped; the exception's
+    class name when the message is empty. For one-line errors quoting what a library (ORT, onnx, torch,
+    TensorFlow) raised, whose messages often run on with a stack or a dump."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -25,7 +25,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from zonnx.errors import OptionError, VerificationError
+from zonnx.errors import OptionError, VerificationError, first_line
 from zonnx.ir.io import ModelLike, to_proto
 
 logger = logging.getLogger(__name__)
@@ -171,8 +171,7 @@ def ort_session(model: ModelLike, *, optimize: bool = False) -> ort.InferenceSes
 
         return ort_session(proto, opts, ["CPUExecutionProvider"])  # never one 2 GiB protobuf
     except Exception as e:  # ORT raises its own exception classes without a common public base
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise VerificationError(f"onnxruntime cannot load the model: {first}") from None
+        raise VerificationError(f"onnxruntime cannot load the model: {first_line(e)}") from None
 
 
 def run_ort(model: ModelLike, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -182,8 +181,7 @@ def run_ort(model: ModelLike, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
     try:
         outs = sess.run(names, dict(feeds))
     except Exception as e:
-        first = str(e).strip().splitlines()[0]
-        raise VerificationError(f"onnxruntime failed to run the model: {first}") from None
+        raise VerificationError(f"onnxruntime failed to run the model: {first_line(e)}") from None
     return dict(zip(names, outs, strict=True))
 
 
@@ -228,6 +226,5 @@ def check_loadable(model: ModelLike, *, full_check: bool = True) -> None:
     try:
         onnx.checker.check_model(proto, full_check=full_check)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        first = str(e).strip().splitlines()[0]
-        raise VerificationError(f"onnx.checker rejects the model: {first}") from None
+        raise VerificationError(f"onnx.checker rejects the model: {first_line(e)}") from None
     ort_session(proto)

@@ -10,17 +10,12 @@ from collections import Counter
 import onnx
 import onnx_ir as ir
 
-from zonnx.errors import VerificationError
+from zonnx.errors import VerificationError, first_line
 from zonnx.ir.io import default_opset, to_proto
 from zonnx.passes.base import Changes, ZonnxPass
 from zonnx.verify import check_loadable
 
 logger = logging.getLogger(__name__)
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 def _slim(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -30,7 +25,7 @@ def _slim(proto: onnx.ModelProto) -> onnx.ModelProto:
     try:
         slimmed = onnxslim.slim(proto)
     except Exception as e:  # onnxslim raises whatever its rewrites and onnx raise
-        raise RuntimeError(_first_line(e)) from None
+        raise RuntimeError(first_line(e)) from None
     if not isinstance(slimmed, onnx.ModelProto):
         raise RuntimeError(f"it returned {type(slimmed).__name__} instead of a model")
     return slimmed
@@ -70,7 +65,7 @@ class OnnxSlimPass(ZonnxPass):
             _check(original, slimmed)
             new = ir.serde.deserialize_model(slimmed)
         except Exception as e:  # every failure leaves the model as it was
-            reason = f"onnxslim failed: {_first_line(e)}; model left unchanged"
+            reason = f"onnxslim failed: {first_line(e)}; model left unchanged"
             logger.warning("%s", reason)
             changes.miss(reason)
             return changes

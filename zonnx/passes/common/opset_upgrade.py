@@ -23,7 +23,7 @@ import onnx.reference
 import onnx.version_converter
 import onnx_ir as ir
 
-from zonnx.errors import OptionError, PassFailedError, VerificationError
+from zonnx.errors import OptionError, PassFailedError, VerificationError, first_line
 from zonnx.ir.io import MAX_IR_VERSION, default_opset, to_proto
 from zonnx.passes.base import Changes, ZonnxPass
 from zonnx.passes.common.opset_adapters import Rewriter
@@ -44,11 +44,6 @@ class _Baseline:
     checker: int = 0  # 2: onnx.checker full check, 1: basic check, 0: neither
     feeds: dict[str, np.ndarray] | None = None
     expected: dict[str, np.ndarray] | None = None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _min_ir_version(opset: int) -> int:
@@ -144,7 +139,7 @@ class OpsetUpgradePass(ZonnxPass):
                 break
             except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
                 if level == 1:
-                    changes.miss(f"the original model fails onnx.checker ({_first_line(e)})")
+                    changes.miss(f"the original model fails onnx.checker ({first_line(e)})")
         if not self.verify:
             return base
         try:
@@ -163,7 +158,7 @@ class OpsetUpgradePass(ZonnxPass):
             except Exception as ref_error:  # the evaluator raises whatever its op kernels raise
                 changes.miss(
                     f"outputs not compared: the original runs neither in ORT ({e}) nor in onnx's "
-                    f"reference evaluator ({_first_line(ref_error)})"
+                    f"reference evaluator ({first_line(ref_error)})"
                 )
             return base
         try:
@@ -179,7 +174,7 @@ class OpsetUpgradePass(ZonnxPass):
         try:
             converted = onnx.version_converter.convert_version(proto, dst)
         except Exception as e:  # the converter raises RuntimeError, ValueError or C++ errors
-            return None, f"failed ({_first_line(e)})"
+            return None, f"failed ({first_line(e)})"
         converted.ir_version = max(min(converted.ir_version, MAX_IR_VERSION), _min_ir_version(dst))
         why = self._check(converted, dst, base)
         return (None, why) if why else (converted, "")
@@ -220,7 +215,7 @@ class OpsetUpgradePass(ZonnxPass):
             try:
                 onnx.checker.check_model(proto, full_check=base.checker == 2)
             except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-                return f"onnx.checker rejects its result ({_first_line(e)})"
+                return f"onnx.checker rejects its result ({first_line(e)})"
         for func in proto.functions:
             version = default_opset(onnx.ModelProto(opset_import=func.opset_import))
             if version and version != dst:

@@ -12,7 +12,8 @@ Every accepted form is first brought to QDQ (``dynamic-to-qdq``, then ``qoperato
 - codes of ``DynamicQuantizeLinear(x)``: replaced by ``x``; the tensor has no grid (its range changes per
   run) and is listed as dynamic: its range must be calibrated.
 
-Quantizers left without readers are removed. The float model then computes what the source computes
+Quantizers left without readers are removed. A layer the model holds twice, float and quantized on the
+same input, is refused (``duplicates``). The float model then computes what the source computes
 up to its rounding, and the grids say where the source put each tensor's range.
 """
 
@@ -31,6 +32,7 @@ from zonnx.ir.io import default_opset
 from zonnx.ir.names import NameSource
 from zonnx.passes.fusion.matching import const_array, label, prune, replace_value
 from zonnx.quantization.prequant.detect import QDQ_DOMAINS, quantized_form
+from zonnx.quantization.prequant.duplicates import refuse_duplicate_layers
 from zonnx.quantization.prequant.grids import Grid, grid_from_arrays
 
 logger = logging.getLogger(__name__)
@@ -335,6 +337,7 @@ def import_prequantized(model: ir.Model) -> ImportedModel | None:
     if form is None:
         return None
     imported = ImportedModel(form)
+    source_names = {n.name for n in model.graph if n.name}
     if form == "fixneuron":  # power-of-two com.zonnx quantizers: the same grids as ONNX QDQ
         from zonnx.quantization.prequant.vitis import vitis_to_qdq
 
@@ -344,6 +347,7 @@ def import_prequantized(model: ir.Model) -> ImportedModel | None:
     importer = _Importer(model, imported)
     importer.run()
     importer.finish()
+    refuse_duplicate_layers(model, imported.weights, imported.relus, source_names)  # float + quantized copies
     from zonnx.passes.catalog import make_pass
 
     make_pass("dead-code")(model)  # code-moving ops whose codes nobody reads any more

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from zonnx.errors import VerificationError
+from zonnx.errors import VerificationError, first_line
 from zonnx.quantization.plan import QuantPlan, Role
 from zonnx.quantization.prequant.grids import Grid
 from zonnx.quantization.prequant.importer import ImportedModel
@@ -253,7 +253,7 @@ def compare_outputs(source: onnx.ModelProto | str, result: onnx.ModelProto, feed
             try:
                 return ort.InferenceSession(arg, opts, providers=list(providers or ["CPUExecutionProvider"]))
             except Exception as e:  # ORT's exception classes share no public base
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                first = first_line(e)
                 if not levels:
                     raise VerificationError(
                         f"onnxruntime cannot run the model to compare outputs with the source: {first}"
