@@ -44,7 +44,7 @@ from zonnx.backend.compiled import lower_npu_nodes, npu_nodes, read_program
 from zonnx.backend.compiler.program import Op, Program, TensorInfo
 from zonnx.backend.runtime.ort_lowering import lower_program
 from zonnx.backend.runtime.reference import run_program
-from zonnx.errors import ZonnxError
+from zonnx.errors import ZonnxError, first_line
 from zonnx.hostcpu import host_int
 from zonnx.ir.io import write_bytes_atomic
 from zonnx.verify import ort_session
@@ -115,7 +115,7 @@ def run_exposed(
     try:
         got = ort_session(m).run(fetch, {n: feeds[n] for n in inputs})
     except Exception as e:  # VerificationError from ort_session, ORT's own types from run
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise DumpError(f"{what}: onnxruntime cannot run it ({first}).") from None
     values = dict(zip(fetch, got, strict=True))
     values.update({n: np.asarray(feeds[n]) for n in names if n in inputs})

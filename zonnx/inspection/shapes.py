@@ -27,6 +27,8 @@ import onnx
 import onnx.numpy_helper
 import onnx.shape_inference
 
+from zonnx.errors import first_line
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -219,6 +221,6 @@ def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, str]:
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True), ""
     except Exception as e:  # onnx raises several types (InferenceError, ValueError, RuntimeError)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         logger.info("shape inference failed: %s", reason)
         return None, f"onnx shape inference failed ({reason})"

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from zonnx.errors import OptionError, VerificationError
+from zonnx.errors import OptionError, VerificationError, first_line
 from zonnx.ir.io import ModelLike, to_proto
 from zonnx.metrics.plugins import guard, load_metric
 from zonnx.metrics.protocol import Metric, as_number
@@ -52,7 +52,7 @@ def _runner(model: ModelLike, what: str) -> Runner:
         try:
             return list(sess.run(None, {n: np.asarray(sample[n]) for n in inputs}))
         except Exception as e:  # ORT's exception classes share no public base
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise VerificationError(f"sample {index}: the {what} failed to run ({first}).") from None
 
     return run

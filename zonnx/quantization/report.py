@@ -47,7 +47,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from zonnx.errors import OptionError, VerificationError
+from zonnx.errors import OptionError, VerificationError, first_line
 from zonnx.ir.io import ModelLike, load_proto, to_proto
 from zonnx.ir.large import deserialize
 from zonnx.quantization.report_render import REPORT_VERSION, LayerReport, MetricSums, TensorStats
@@ -281,9 +281,7 @@ def _session(
     try:
         return ort_session(proto, opts, providers, weights_as_values=True)  # weights not serialized
     except Exception as e:  # ORT's exception classes share no public base
-        raise VerificationError(
-            f"{what}: onnxruntime cannot load it ({str(e).strip().splitlines()[0]})."
-        ) from None
+        raise VerificationError(f"{what}: onnxruntime cannot load it ({first_line(e)}).") from None
     finally:
         del proto.graph.output[keep:]
 
@@ -305,9 +303,7 @@ def _run(
     try:
         values = sess.run(names, feeds)
     except Exception as e:
-        raise VerificationError(
-            f"sample {index}: the {what} failed to run ({str(e).strip().splitlines()[0]})."
-        ) from None
+        raise VerificationError(f"sample {index}: the {what} failed to run ({first_line(e)}).") from None
     return {**feeds, **dict(zip(names, values, strict=True))}
 
 

@@ -26,7 +26,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from zonnx.errors import OptionError
+from zonnx.errors import OptionError, first_line
 from zonnx.ir.io import to_proto
 from zonnx.passes.base import Changes, ZonnxPass
 
@@ -392,9 +392,7 @@ class ShapeInferencePass(ZonnxPass):
         try:
             _merge_inferred(model, _onnx_inferred(model, self.data_prop))
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
-            changes.miss(
-                f"onnx shape inference failed ({str(e).strip().splitlines()[0]}); using ORT runs only"
-            )
+            changes.miss(f"onnx shape inference failed ({first_line(e)}); using ORT runs only")
         own = {id(v) for n in model.graph for v in n.outputs}
         targets = [v for v in values if id(v) in own and _refinable(v)]
         if targets and self.runtime:

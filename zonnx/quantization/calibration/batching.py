@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from zonnx.errors import first_line
 from zonnx.quantization.calibration.augment import Augmented
 from zonnx.quantization.calibration.readers import CalibrationError
 
@@ -186,7 +187,7 @@ class BatchRunner:
         try:
             return sess.run(self.out_names, feed)
         except Exception as e:  # ORT's own exception types
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = first_line(e)
             raise CalibrationError(f"calibration sample {index}: onnxruntime failed: {msg}") from e
 
     def _rows(self, res: list[np.ndarray]) -> list[list[np.ndarray]]:

@@ -41,6 +41,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from zonnx.errors import first_line
 from zonnx.ir.io import ModelLike, proto_limit, to_proto
 from zonnx.ir.large import session_folder
 from zonnx.quantization.calibration import augment, batching
@@ -158,7 +159,7 @@ def calibration_session(
             )
         sess = ort.InferenceSession(aug.model.SerializeToString(), opts, providers=list(providers))
     except Exception as e:  # ORT raises its own exception types; make it a user-facing error
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise CalibrationError(
             f"onnxruntime could not load the model augmented for calibration: {first}"
         ) from e

@@ -20,7 +20,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from zonnx.errors import VerificationError
+from zonnx.errors import VerificationError, first_line
 from zonnx.ir.io import default_opset
 
 
@@ -75,7 +75,7 @@ class ChannelProbe:
             self.session = ort.InferenceSession(proto.SerializeToString(), opts, providers=list(providers))
         except Exception as e:  # ORT's exception classes share no public base
             raise VerificationError(
-                f"{what}: onnxruntime cannot load the probe model ({str(e).strip().splitlines()[0]})."
+                f"{what}: onnxruntime cannot load the probe model ({first_line(e)})."
             ) from None
         self._inputs = {i.name for i in self.session.get_inputs()}
 
@@ -99,7 +99,7 @@ class ChannelProbe:
                 values = self.session.run(names, inputs)
             except Exception as e:
                 raise VerificationError(
-                    f"sample {i}: the {self.what} failed to run ({str(e).strip().splitlines()[0]})."
+                    f"sample {i}: the {self.what} failed to run ({first_line(e)})."
                 ) from None
             if with_outputs:
                 outputs.append(values[: len(self.outputs)])

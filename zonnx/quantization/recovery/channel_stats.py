@@ -19,6 +19,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from zonnx.errors import first_line
 from zonnx.ir.io import default_opset
 from zonnx.quantization.calibration.readers import CalibrationError
 
@@ -72,7 +73,7 @@ def channel_absmax(
             aug.SerializeToString(), opts, providers=list(providers or ["CPUExecutionProvider"])
         )
     except Exception as e:  # ORT's own exception types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise CalibrationError(
             f"SmoothQuant: onnxruntime could not load the statistics model: {first}"
         ) from e
@@ -83,7 +84,7 @@ def channel_absmax(
         try:
             res = sess.run(outputs, dict(feed))
         except Exception as e:  # ORT's own exception types
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = first_line(e)
             raise CalibrationError(
                 f"SmoothQuant statistics, sample {batches - 1}: onnxruntime failed: {msg}"
             ) from e

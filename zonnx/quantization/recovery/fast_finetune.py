@@ -36,6 +36,7 @@ import onnx
 import onnx_ir as ir
 import torch
 
+from zonnx.errors import first_line
 from zonnx.ir.io import to_ir, to_proto
 from zonnx.quantization.calibration.readers import CalibrationError
 from zonnx.quantization.options import FastFinetuneOptions
@@ -137,7 +138,7 @@ def _check_shapes(op: LayerOp, data: LayerData, weight: np.ndarray, bias: np.nda
         with torch.no_grad():
             out = op(data.x_q[:1], torch.from_numpy(weight), None if bias is None else torch.from_numpy(bias))
     except RuntimeError as e:
-        return f"the captured input does not fit the layer ({str(e).splitlines()[0]})"
+        return f"the captured input does not fit the layer ({first_line(e)})"
     if tuple(out.shape[1:]) != tuple(data.y.shape[1:]) or data.x_q.shape[0] != data.y.shape[0]:
         return f"output shape {tuple(out.shape)} differs from the float target's {tuple(data.y.shape)}"
     return None

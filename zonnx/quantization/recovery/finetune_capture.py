@@ -31,6 +31,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from zonnx.errors import first_line
 from zonnx.quantization.calibration.readers import CalibrationError
 
 logger = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ class SegmentRunner:
         try:
             return ort.InferenceSession(seg.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT's own exception types: make it one user-facing line
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise CalibrationError(
                 f"onnxruntime could not run a stretch of the model for fast finetune: {first}"
             ) from e
