@@ -39,6 +39,7 @@ def run_budget_search(
     executor: Any = None,
     order_by: str = "report",
     range_search: bool = False,
+    bias_correction: str = "try",
 ) -> None:
     """Search, print every candidate and ``summary`` of the final model, write the model and its config
     file; exit 1 under ``strict`` when the budget is not met. ``executor`` runs calibration shards and
@@ -61,7 +62,7 @@ def run_budget_search(
         str(model), output, reader, cfg, budget=budget, metric=metric, eval_feeds=eval_feeds,
         max_layers=search_layers, measure_layers=measure_layers, progress=progress,
         input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share, executor=executor,
-        order_by=order_by, range_search=range_search,
+        order_by=order_by, range_search=range_search, bias_correction=bias_correction,
     )  # fmt: skip
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
@@ -82,6 +83,13 @@ def run_budget_search(
         console.print(
             f"range search: {r.changed} of {len(r.choices)} group(s) clipped, output noise "
             f"{r.plain_noise:.4g} -> {r.noise:.4g} (written to {config_path})",
+            markup=False,
+        )
+    if result.bias_correction is not None:
+        b = result.bias_correction
+        console.print(
+            f"bias correction {'added' if b.kept else 'tried, not kept'}: {metric} {b.plain:.5f} -> "
+            f"{b.corrected:.5f} on the search samples (written to {config_path})",
             markup=False,
         )
     console.print(table)

@@ -227,6 +227,12 @@ def quantize(
         help="With --accuracy-budget: search the clipping ranges of the most sensitive groups before raising "
         "layers (what an int8-only target can do before leaving layers float).",
     ),
+    search_bias_correction: str = typer.Option(
+        "try",
+        "--search-bias-correction",
+        help="With --accuracy-budget: try (score the model with BiasCorrection on and keep it when it scores "
+        "at least as well, before raising layers) or off.",
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
     input_shape: list[str] = typer.Option(
         None,
@@ -298,6 +304,10 @@ def quantize(
         )
     if accuracy_budget is None and range_search:
         raise OptionError("--range-search goes with --accuracy-budget; add it or drop --range-search.")
+    if accuracy_budget is None and search_bias_correction != "try":
+        raise OptionError(
+            "--search-bias-correction goes with --accuracy-budget; add it or drop --search-bias-correction."
+        )
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model)
     tdef = _target_defaults(target or cfg_file.get("target"))
@@ -389,7 +399,7 @@ def quantize(
                           search_layers, measure_layers, strict, summary_table,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,
-                          range_search=range_search)  # fmt: skip
+                          range_search=range_search, bias_correction=search_bias_correction)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()

@@ -163,7 +163,9 @@ def test_a_budget_nothing_meets_keeps_the_best_and_strict_fails(digits: Path, tm
 
 def test_measured_sensitivity_is_cached_and_reused(digits: Path, tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
-    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(8, 100), measure_layers=2)
+    kwargs = dict(
+        budget=0.002, metric="cosine", eval_feeds=_feeds(8, 100), measure_layers=2, bias_correction="off"
+    )  # bias correction alone meets this budget: off, so the search measures layers
     _, first, _ = quantize_with_budget(digits, out, _feeds(16), _config(), **kwargs)
     cache = tmp_path / "q.onnx.sensitivity.json"
     data = json.loads(cache.read_text())
@@ -275,3 +277,21 @@ def test_a_budget_choice_for_pp_ocr_compiles_with_fixed_shapes_and_the_npu_agree
         assert evaluate(out, compiled_path, feeds[6:10], "char-accuracy") >= 0.95
     # the NPU programs run in ORT, not the slow reference executor (an opset-13 Reshape takes no allowzero)
     assert "cannot load the model" not in caplog.text
+
+
+def test_bias_correction_is_tried_before_any_layer_is_raised(digits: Path, tmp_path: Path) -> None:
+    """The search scores the all-int8 model with and without BiasCorrection and keeps the better; kept,
+    it is the search's baseline and the config file carries it, so a re-run reproduces it."""
+    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100))
+    _, result, config_path = quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(32), _config(), **kwargs)
+    trial = result.bias_correction
+    assert trial is not None and trial.corrected > trial.plain and trial.kept
+    assert result.baseline.score == pytest.approx(trial.corrected)
+    assert "BiasCorrection = true" in config_path.read_text()
+    _, off, off_config = quantize_with_budget(
+        digits, tmp_path / "off.onnx", _feeds(32), _config(), bias_correction="off", **kwargs
+    )
+    assert off.bias_correction is None and off.baseline.score == pytest.approx(trial.plain)
+    assert "BiasCorrection" not in off_config.read_text()
+    with pytest.raises(OptionError, match="bias_correction='maybe'"):
+        quantize_with_budget(digits, tmp_path / "x.onnx", _feeds(32), _config(), bias_correction="maybe", **kwargs)

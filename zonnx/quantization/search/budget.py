@@ -51,6 +51,7 @@ import numpy as np
 from zonnx.errors import OptionError
 from zonnx.inspection.macs import node_macs_by_name
 from zonnx.quantization.config import QuantConfig
+from zonnx.quantization.options import KNOWN_KEYS, ExtraOptions
 from zonnx.quantization.search.executor import Executor, LocalExecutor
 from zonnx.quantization.search.mac_allowance import within_mac_allowance
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
@@ -76,6 +77,7 @@ class BudgetResult:
     confirmed: Candidate | None = None
     min_npu_share: float = 0.0
     ranges: Any = None  # the range search (``ranges.RangeSearch``) run before, if any
+    bias_correction: Any = None  # the bias-correction trial (``bias_step.BiasTrial``), if any
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate, baseline first: score, layers not int8, NPU MAC share, seconds."""
@@ -283,6 +285,27 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+#: extra_options a config file does not carry: where this run's files go, the target (its own key) and
+#: the per-tensor table (written as a sub-table).
+_NOT_WRITTEN = frozenset(
+    {"Target", "SaveStats", "LoadStats", "ReportPath", "ExportCalibrationTable", "LoadCalibrationTable",
+     "TensorQuantOverrides"}
+)  # fmt: skip
+
+
+def written_extra_options(base: QuantConfig) -> dict[str, Any]:
+    """The extra_options of ``base`` that differ from the defaults and are plain values (ORT's key names)."""
+    defaults = ExtraOptions()
+    out: dict[str, Any] = {}
+    for key, (field, _) in KNOWN_KEYS.items():
+        if key in _NOT_WRITTEN or not hasattr(base.extra, field):
+            continue
+        value = getattr(base.extra, field)
+        if value != getattr(defaults, field) and isinstance(value, bool | int | float | str):
+            out[key] = value
+    return out
+
+
 def write_config(path: Path, base: QuantConfig, overrides: Mapping[str, str], note: str) -> Path:
     """The chosen configuration as a TOML config file ``zonnx quantize --config`` reads."""
     lines = [f"# {line}" for line in note.splitlines()]
@@ -295,6 +318,10 @@ def write_config(path: Path, base: QuantConfig, overrides: Mapping[str, str], no
     ]
     if base.extra.target:
         lines.append(f"target = {_toml_value(base.extra.target)}")
+    extras = written_extra_options(base)
+    if extras:  # the user's options and the search's own (BiasCorrection), so a re-run reproduces them
+        lines += ["", "[extra_options]"]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in extras.items()]
     tensors = dict(base.extra.tensor_quant_overrides or {})
     if tensors:  # searched ranges (and the user's own): fixed parameters per tensor
         lines += ["", "[extra_options.TensorQuantOverrides]"]

@@ -11,11 +11,17 @@ most sensitive shared-scale groups (measured, ``measure.py``) are searched (``ra
 help there too); the clipped ranges become ``TensorQuantOverrides`` of the
 configuration every candidate and the final model are quantized with, and are written to the config
 file. On an int8-only target this is what the search tries before leaving layers float.
+
+Bias correction (``bias_correction="try"``, the default): when the configuration does not already
+correct biases, the search scores it with ``BiasCorrection`` on (empirical, from the calibration
+samples; TPU-MLIR's ``--bc``, Vitis's bias correction) and keeps it when it scores at least as well on
+the metric: it leaves every layer int8, so it is cheaper than any layer raised. It then holds for every
+candidate and the final model, and the config file says ``BiasCorrection = true``. ``"off"`` skips it.
 """
 
 from __future__ import annotations
 
-__all__ = ["quantize_with_budget", "read_feeds", "ORDERS"]
+__all__ = ["quantize_with_budget", "read_feeds", "ORDERS", "BIAS_CORRECTION"]
 
 import dataclasses
 import logging
@@ -29,6 +35,7 @@ import numpy as np
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.config import QuantConfig
+from zonnx.quantization.search.bias_step import bias_correction_note, try_bias_correction
 from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
 from zonnx.quantization.search.executor import Executor
 from zonnx.quantization.search.measure import measure_groups, measured_order
@@ -40,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 #: How the search orders the layers it may raise (``quantize_with_budget(order_by=)``).
 ORDERS = ("report", "measured")
+#: What the search does with bias correction (``quantize_with_budget(bias_correction=)``).
+BIAS_CORRECTION = ("try", "off")
 #: Most samples read into memory from a calibration reader for the search.
 MAX_SEARCH_SAMPLES = 4096
 
@@ -79,6 +88,7 @@ def quantize_with_budget(
     range_search: bool = False,
     range_groups: int = 16,
     range_samples: int = 8,
+    bias_correction: str = "try",
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
@@ -90,8 +100,9 @@ def quantize_with_budget(
     ranks layers by the per-layer report's added noise, ``"measured"`` by the output noise each shared-scale
     group causes alone (``measure.py``) on the first ``measure_samples`` evaluation samples;
     ``range_search``: search the ranges of the ``range_groups`` most sensitive groups first (module
-    docstring; ``BudgetResult.ranges``). Returns the final ``QuantizeResult``, the ``BudgetResult`` (every
-    candidate) and the config path.
+    docstring; ``BudgetResult.ranges``); ``bias_correction``: ``"try"`` it before raising layers, or
+    ``"off"`` (module docstring; ``BudgetResult.bias_correction``). Returns the final ``QuantizeResult``,
+    the ``BudgetResult`` (every candidate) and the config path.
     """
     from zonnx.quantization.api import quantize_static
 
@@ -109,6 +120,8 @@ def quantize_with_budget(
         )
     if measure_samples < 1:
         raise OptionError(f"measure_samples={measure_samples}: measure on at least 1 sample.")
+    if bias_correction not in BIAS_CORRECTION:
+        raise OptionError(f"bias_correction={bias_correction!r}: use one of {', '.join(BIAS_CORRECTION)}.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
     if eval_feeds is None:
         calib, held = split_eval(feeds)
@@ -159,6 +172,13 @@ def quantize_with_budget(
         )  # fmt: skip
         if ranges is not None and ranges.changed and not _ranges_help(scorer, unranged, metric):
             config, ranges = unranged, None
+        corrected = None
+        if bias_correction == "try" and not config.extra.bias_correction:
+            corrected = try_bias_correction(scorer, metric)
+            if corrected.kept:
+                config = dataclasses.replace(
+                    config, extra=dataclasses.replace(config.extra, bias_correction=True)
+                )
         result = search_budget(
             scorer,
             baseline.report,
@@ -178,6 +198,7 @@ def quantize_with_budget(
             order=order,
         )
     result.ranges = ranges
+    result.bias_correction = corrected
     final_cfg = dataclasses.replace(
         config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
     )
@@ -189,7 +210,7 @@ def quantize_with_budget(
         f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
         f"on {result.eval_samples if result.chosen.full else len(scorer.feeds)} evaluation samples;\n"
         f"{result.chosen.raised} layer(s) raised to "
-        f"{result.precision}{_ranges_note(ranges)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
+        f"{result.precision}{_ranges_note(ranges)}{bias_correction_note(corrected)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
     )
     write_config(config_path, config, result.chosen.overrides, note)
     return final, result, config_path

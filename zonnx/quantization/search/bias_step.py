@@ -1,0 +1,55 @@
+"""The budget search's first step on an all-int8 configuration: try bias correction.
+
+Rule: with the search's scorer (same statistics, evaluation samples and metric), score the configuration
+as it is and with ``BiasCorrection`` on; keep bias correction when its score is at least the plain one.
+Either way every layer stays int8, so this costs no NPU time, and a kept correction shifts the whole
+search's starting point. The scorer's base configuration is left with the choice.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BiasTrial", "try_bias_correction", "bias_correction_note"]
+
+import dataclasses
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasTrial:
+    """The two scores of the trial (search samples) and whether bias correction was kept."""
+
+    plain: float
+    corrected: float
+    kept: bool
+
+
+def try_bias_correction(scorer: Any, metric: str) -> BiasTrial:
+    """Score ``scorer.base`` without and with bias correction (module docstring); the kept one stays."""
+    plain_base = scorer.base
+    plain = scorer.score({}).score
+    scorer.base = dataclasses.replace(
+        plain_base, extra=dataclasses.replace(plain_base.extra, bias_correction=True)
+    )
+    corrected = scorer.score({}).score
+    kept = corrected >= plain
+    if not kept:
+        scorer.base = plain_base
+    logger.info(
+        "accuracy search: bias correction %s %s %.5f -> %.5f on the search samples",
+        "kept:" if kept else "not kept (lower score):",
+        metric,
+        plain,
+        corrected,
+    )
+    return BiasTrial(plain, corrected, kept)
+
+
+def bias_correction_note(trial: BiasTrial | None) -> str:
+    """The config note's words on the trial ("" when there was none)."""
+    if trial is None:
+        return ""
+    verb = "added" if trial.kept else "tried, not kept"
+    return f"; bias correction {verb} ({trial.plain:.4f} -> {trial.corrected:.4f})"
