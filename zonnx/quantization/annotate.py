@@ -36,7 +36,7 @@ integer kernels consume are marked, each on its edge into that kernel, and no ou
 
 from __future__ import annotations
 
-__all__ = ["AnnotateConfig", "annotate", "QUANTIZABLE_OPS", "LATENT_OPS"]
+__all__ = ["AnnotateConfig", "annotate"]
 
 import dataclasses
 from collections.abc import Mapping
@@ -44,92 +44,21 @@ from collections.abc import Mapping
 import onnx_ir as ir
 
 from zonnx.quantization.dq_consts import dq_params
+from zonnx.quantization.op_rules import (
+    DATA_INPUTS,
+    FUSES_ACTIVATION,
+    LATENT_OPS,
+    LINEAR_WEIGHT_AXIS,
+    NEEDS_QUANTIZED_INPUT,
+    QUANTIZABLE_OPS,
+    REMOVABLE_ACTIVATIONS,
+    SOFTMAX_SPAN,
+    UNIT_RANGE_OUTPUTS,
+)
 from zonnx.quantization.placement import kernel_inputs, placement_reason
 from zonnx.quantization.plan import QuantPlan, Role, TensorPlan
 from zonnx.quantization.schemes import QuantSpec
 from zonnx.quantization.traps import mixed_range_concat
-
-_LINEAR = {"Conv": 0, "ConvTranspose": 1}  # op -> weight channel axis
-LATENT_OPS = {
-    "Reshape",
-    "Transpose",
-    "Squeeze",
-    "Unsqueeze",
-    "Flatten",
-    "MaxPool",
-    "GlobalMaxPool",
-    "Resize",
-    "Slice",
-    "Gather",
-    "Split",
-    "DepthToSpace",
-    "SpaceToDepth",
-    "Identity",
-    "Expand",
-    "Tile",
-    "TopK",
-    "GatherElements",
-}
-#: Default op types quantized when the user does not choose: ORT's QLinear and QDQ registries (so results
-#: match ORT's for the same call) plus the value-moving ops, which share their input's scale and so add no
-#: error. Ops that ORT leaves float by default (Sub, Div, ReduceMean, Pow, Sqrt, Tanh, HardSigmoid, ...) stay
-#: float unless op_types_to_quantize names them: quantizing the inside of a decomposed LayerNorm, for
-#: example, costs accuracy for nothing.
-QUANTIZABLE_OPS = frozenset(
-    set(_LINEAR)
-    | LATENT_OPS
-    | {
-        "Add",
-        "Mul",
-        "Gemm",
-        "MatMul",
-        "Relu",
-        "Clip",
-        "LeakyRelu",
-        "Sigmoid",
-        "Softmax",
-        "AveragePool",
-        "GlobalAveragePool",
-        "Concat",
-        "ArgMax",
-        "Where",
-        "InstanceNormalization",
-        "LayerNormalization",
-        "Pad",
-    }
-)
-_REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}
-#: Ops quantized only when their data input already is (or ForceQuantizeNoInputCheck), with their own
-#: output scale (ORT's QGlobalAveragePool and QDQWhere rules): op -> index of that data input.
-_NEEDS_QUANTIZED_INPUT = {"GlobalAveragePool": 0, "Where": 1}
-_FUSES_ACTIVATION = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
-_UNIT_RANGE_OUTPUTS = {"Softmax"}  # ORT's rule; Sigmoid outputs keep their calibrated range
-#: How far below its maximum a Softmax input's quantization range reaches. Softmax depends only on
-#: differences from the row's maximum, and exp(-32) is 1e-14 of the top term, so values further down
-#: may be clipped for free. The attention-mask trap is the reason: "(1 - mask) * -10000" added to the
-#: scores makes a min/max range of [-10000, s_max], whose 8-bit step (about 40) rounds every real score
-#: to the same code; clipped at s_max - 32 the step is 0.125 and masked positions still get ~0 weight.
-SOFTMAX_SPAN = 32.0
-#: Inputs that are never quantized (shapes, indices, axes) by op type.
-_DATA_INPUTS = {
-    "Reshape": (0,),
-    "Expand": (0,),
-    "Tile": (0,),
-    "Slice": (0,),
-    "Gather": (0,),
-    "GatherElements": (0,),
-    "TopK": (0,),
-    "Split": (0,),
-    "Pad": (0,),
-    "Resize": (0,),
-    "Squeeze": (0,),
-    "Unsqueeze": (0,),
-    "Clip": (0,),
-    "ReduceMean": (0,),
-    "ReduceSum": (0,),
-    "Where": (1, 2),
-    "ArgMax": (0,),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,21 +185,21 @@ class _Annotator:
             if self._fused_activation(node, out):
                 continue
             self._act(node, out)
-            if node.op_type in _UNIT_RANGE_OUTPUTS and out.name in self.plan.tensors:
+            if node.op_type in UNIT_RANGE_OUTPUTS and out.name in self.plan.tensors:
                 self.plan.tensors[out.name].fixed_range = (0.0, 1.0)
 
     def _fused_activation(self, node: ir.Node, out: ir.Value) -> bool:
         if (
             self.cfg.keep_removable_activations
             or not self.cfg.fuse_activations
-            or node.op_type not in _FUSES_ACTIVATION
+            or node.op_type not in FUSES_ACTIVATION
         ):
             return False
         users = _consumers(out)
         return (
             len(users) == 1
             and id(out) not in self.graph_outputs
-            and users[0].op_type in _REMOVABLE_ACTIVATIONS
+            and users[0].op_type in REMOVABLE_ACTIVATIONS
             and self._selected(users[0]) is None
         )
 
@@ -289,14 +218,14 @@ class _Annotator:
         if trap is not None:
             self.plan.skipped[node.name] = trap
             return
-        if op in _LINEAR:
+        if op in LINEAR_WEIGHT_AXIS:
             w = ins[1] if len(ins) > 1 else None
             if w is None or not (_is_const(w) or self._prequantized(w) or self._prequantized(ins[0])):
                 self.plan.skipped[node.name] = "weight W is not a constant"
                 return
             self._act(node, ins[0])
             if _is_const(w):
-                self._weight(node, w, _LINEAR[op])
+                self._weight(node, w, LINEAR_WEIGHT_AXIS[op])
             elif not self._prequantized(w):
                 self._act(node, w)
             self._bias(node, ins, 2)
@@ -315,17 +244,17 @@ class _Annotator:
         elif op == "Pad" and not self.cfg.qoperator:
             self._pad(node, ins)
             return
-        elif op in _REMOVABLE_ACTIVATIONS and self.cfg.float_activations:
+        elif op in REMOVABLE_ACTIVATIONS and self.cfg.float_activations:
             self.plan.skipped[node.name] = (
                 "symmetric activations: Relu/Clip runs in float (ORT's QOperator rule)"
             )
             return
         elif (
-            op in _NEEDS_QUANTIZED_INPUT or (op in _REMOVABLE_ACTIVATIONS and not self.cfg.fuse_activations)
-        ) and not self._input_quantized(node, _NEEDS_QUANTIZED_INPUT.get(op, 0)):
+            op in NEEDS_QUANTIZED_INPUT or (op in REMOVABLE_ACTIVATIONS and not self.cfg.fuse_activations)
+        ) and not self._input_quantized(node, NEEDS_QUANTIZED_INPUT.get(op, 0)):
             self.plan.skipped[node.name] = "input is not quantized"
             return
-        elif op in _REMOVABLE_ACTIVATIONS and self._removable(node):
+        elif op in REMOVABLE_ACTIVATIONS and self._removable(node):
             src = ins[0]
             assert src is not None
             self.plan.tensors.pop(src.name)  # quantized at the activation's output instead
@@ -352,10 +281,10 @@ class _Annotator:
             return
         else:
             for i, v in enumerate(ins):
-                if i in _DATA_INPUTS.get(op, range(len(ins))):
+                if i in DATA_INPUTS.get(op, range(len(ins))):
                     if v is not None and _is_const(v):
                         self._weight(node, v, None)
-                    elif op in _REMOVABLE_ACTIVATIONS and self._input_fused(v):
+                    elif op in REMOVABLE_ACTIVATIONS and self._input_fused(v):
                         continue
                     else:
                         self._act(node, v)

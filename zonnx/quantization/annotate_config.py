@@ -19,9 +19,10 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
-from zonnx.quantization.annotate import QUANTIZABLE_OPS, AnnotateConfig
+from zonnx.quantization.annotate import AnnotateConfig
 from zonnx.quantization.config import QuantConfig, resolve_type
 from zonnx.quantization.enums import QuantFormat
+from zonnx.quantization.op_rules import QUANTIZABLE_OPS
 from zonnx.quantization.schemes import QuantSpec, qdtype
 from zonnx.quantization.traps import residual_stream_nodes
 

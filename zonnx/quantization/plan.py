@@ -27,7 +27,7 @@ class TensorPlan:
     ``bias_of`` names (input activation, weight) for a bias; ``fixed_range`` pins an activation's range
     (Softmax/Sigmoid outputs); ``consumers`` names the nodes whose input edge carries the quantizer
     (None: every reader, graph outputs included); ``softmax_span`` caps how far below its maximum the
-    range of a Softmax input reaches (see ``annotate.SOFTMAX_SPAN``); ``fixed_params`` replaces calibration
+    range of a Softmax input reaches (see ``op_rules.SOFTMAX_SPAN``); ``fixed_params`` replaces calibration
     (the group of a shared scale takes them); ``params`` is filled after calibration.
     """
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from zonnx.quantization.annotate import LATENT_OPS
+from zonnx.quantization.op_rules import LATENT_OPS
 from zonnx.quantization.report_render import LayerReport
 from zonnx.quantization.search.executor import Executor, LocalExecutor
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer
