@@ -17,9 +17,10 @@ from zonnx import zoo
 from zonnx.ir.io import to_ir, to_proto
 from zonnx.quantization.annotate import annotate
 from zonnx.quantization.annotate_config import annotate_config
-from zonnx.quantization.api import _prepare, build_config
+from zonnx.quantization.api import build_config
 from zonnx.quantization.calibration.collector import collect
 from zonnx.quantization.calibration.readers import ListReader
+from zonnx.quantization.prepare import prepare_for_quantization
 
 
 def bench_calib_plan(ctx: BenchContext) -> list[Measurement]:
@@ -31,7 +32,7 @@ def bench_calib_plan(ctx: BenchContext) -> list[Measurement]:
     feeds = zoo.sample_inputs("resnet18-random", n, seed=1)
     cfg = build_config()
     model = to_ir(zoo.get("resnet18-random"))
-    _prepare(model, cfg)
+    prepare_for_quantization(model, cfg)
     plan = annotate(model, annotate_config(model, cfg))
     proto = to_proto(model)
     names = [t for t in plan.activations() if plan.tensors[t].fixed_range is None]

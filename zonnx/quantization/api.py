@@ -16,8 +16,8 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from zonnx.errors import ModelSaveError, OptionError, did_you_mean
-from zonnx.ir.io import default_opset, load_proto, save_model, to_ir, to_proto
+from zonnx.errors import ModelSaveError, OptionError
+from zonnx.ir.io import load_proto, save_model, to_ir, to_proto
 from zonnx.ir.large import (
     copy_model,
     external_tensors,
@@ -28,28 +28,24 @@ from zonnx.ir.large import (
 )
 from zonnx.quantization.annotate import annotate
 from zonnx.quantization.annotate_config import annotate_config
-from zonnx.quantization.config import QuantConfig, check_float8, resolve_format, resolve_method, resolve_type
+from zonnx.quantization.config import (
+    QuantConfig,
+    check_float8,
+    resolve_format,
+    resolve_method,
+    resolve_type,
+    warn_u8s8,
+)
 from zonnx.quantization.enums import CalibrationMethod, QuantFormat, QuantType, VitisQuantFormat
 from zonnx.quantization.finish import run_reports
 from zonnx.quantization.formats.typed_params import store_qparams_typed
 from zonnx.quantization.holdout import HoldOutReader
 from zonnx.quantization.options import parse_extra_options
 from zonnx.quantization.plan import QuantPlan, Role
+from zonnx.quantization.prepare import check_node_names, prepare_for_quantization
 from zonnx.quantization.sample_keeper import SampleKeeper
 
 logger = logging.getLogger(__name__)
-
-#: Passes run before annotation: weights become initializers, shapes are known, BN is folded, and each
-#: linear node has its own bias (its int32 codes depend on that node's scales).
-PREP_PASSES = (
-    "shape-inference",
-    "constant-folding",
-    "remove-noops",
-    "fold-batchnorm",
-    "dead-code",
-    "unshare-bias",
-    "shape-inference",
-)
 
 
 @dataclasses.dataclass
@@ -136,48 +132,6 @@ def build_config(
     return cfg
 
 
-def _name_nodes(model: ir.Model) -> None:
-    """Give every unnamed node a stable name (``<OpType>_<index>``) so users can exclude it."""
-    used = {n.name for n in model.graph if n.name}
-    for i, node in enumerate(model.graph):
-        if not node.name:
-            name = f"{node.op_type}_{i}"
-            while name in used:
-                name += "_"
-            node.name = name
-            used.add(name)
-
-
-def _prepare(model: ir.Model, cfg: QuantConfig) -> None:
-    from zonnx.passes.catalog import make_pass
-
-    target = max(default_opset(model), cfg.extra.opset or 13, 13)
-    if target > default_opset(model):
-        if not cfg.extra.auto_upgrade_opset:
-            raise OptionError(
-                f"the model is at opset {default_opset(model)} and quantized output needs 13+; "
-                "allow AutoUpgradeOpset or upgrade it with `zonnx optimize --opset 13`."
-            )
-        logger.warning(
-            "upgrading the model from opset %d to %d for quantization", default_opset(model), target
-        )
-        make_pass("opset-upgrade", target_opset=target)(model)
-    for name in PREP_PASSES:
-        make_pass(name)(model)
-    _name_nodes(model)
-
-
-def _check_node_names(model: ir.Model, cfg: QuantConfig) -> None:
-    names = [n.name for n in model.graph]
-    known = set(names)
-    for option in ("nodes_to_exclude", "nodes_to_quantize", "input_nodes", "output_nodes"):
-        for name in getattr(cfg, option):
-            if name not in known:
-                logger.warning(
-                    "%s: no node named %r in the model.%s", option, name, did_you_mean(name, names)
-                )
-
-
 def _fast_finetune(
     float_model: onnx.ModelProto, model: ir.Model, plan: QuantPlan, reader: SampleKeeper, options: Any
 ) -> Any:
@@ -201,24 +155,6 @@ def _check_output_path(model_input: Any, model_output: str | os.PathLike[str]) -
     if not (out.parent if str(out.parent) else Path(".")).is_dir():
         raise ModelSaveError(f"{out}: folder {out.parent} does not exist; create it first.")
     return out
-
-
-def _warn_u8s8(cfg: QuantConfig) -> None:
-    """One line when the output is a u8 x s8 model for ORT's CPU provider (saturating without VNNI)."""
-    if cfg.power_of_two or cfg.reduce_range or (cfg.activation_type, cfg.weight_type) != ("uint8", "int8"):
-        return
-    from zonnx.hostcpu import host_int
-
-    host = host_int()
-    here = (
-        f"this host ({host.isa}) is one of them" if not host.u8s8_exact else f"this host ({host.isa}) is not"
-    )
-    logger.warning(
-        "uint8 activations with int8 weights: ONNX Runtime's CPU provider runs such models with saturating "
-        "16-bit arithmetic on x86 CPUs without VNNI (%s); to avoid it use activation_type int8 "
-        "(--activation-type int8) or reduce_range=True (7-bit weights).",
-        here,
-    )
 
 
 def quantize_static(
@@ -304,7 +240,7 @@ def quantize_static(
                 target.name,
             )
     if target is None:
-        _warn_u8s8(cfg)
+        warn_u8s8(cfg)
     from zonnx.quantization.recovery import steps as recovery
 
     recovery.check_recovery_options(cfg, calibration_data_reader is not None)
@@ -327,7 +263,7 @@ def quantize_static(
 
     has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
     imported = prequant.import_for_quantize(model, has_data)
-    _prepare(model, cfg)
+    prepare_for_quantization(model, cfg)
     mapped_weights = external_tensors(model) if mapped is not None else []
     release_mapped(mapped_weights)  # weights the passes read stop counting in memory (mapped again when read)
     records = recovery.recover_float(model, cfg)
@@ -337,7 +273,7 @@ def quantize_static(
         calibration_data_reader, records["smooth_quant"] = smooth_quant_reader(
             model, calibration_data_reader, cfg.extra, providers=calibration_providers
         )
-    _check_node_names(model, cfg)
+    check_node_names(model, cfg)
     if not cfg.extra.enable_subgraph:
         from zonnx.quantization.control_flow import warn_control_flow
 

@@ -24,6 +24,7 @@ __all__ = [
     "resolve_type",
     "load_config_file",
     "check_float8",
+    "warn_u8s8",
 ]
 
 import dataclasses
@@ -274,3 +275,21 @@ def check_float8(cfg: QuantConfig) -> None:
     ):
         if flag:
             raise OptionError(f"float8 types: {why} is not supported with float8; remove it.")
+
+
+def warn_u8s8(cfg: QuantConfig) -> None:
+    """One line when the output is a u8 x s8 model for ORT's CPU provider (saturating without VNNI)."""
+    if cfg.power_of_two or cfg.reduce_range or (cfg.activation_type, cfg.weight_type) != ("uint8", "int8"):
+        return
+    from zonnx.hostcpu import host_int
+
+    host = host_int()
+    here = (
+        f"this host ({host.isa}) is one of them" if not host.u8s8_exact else f"this host ({host.isa}) is not"
+    )
+    logger.warning(
+        "uint8 activations with int8 weights: ONNX Runtime's CPU provider runs such models with saturating "
+        "16-bit arithmetic on x86 CPUs without VNNI (%s); to avoid it use activation_type int8 "
+        "(--activation-type int8) or reduce_range=True (7-bit weights).",
+        here,
+    )

@@ -264,7 +264,7 @@ BERT = "bert_encoder-random"
 def bert_data():
     """The prepared float BERT (as quantize_static prepares it), calibration feeds and a held-out batch."""
     from zonnx.passes.catalog import make_pass
-    from zonnx.quantization.api import PREP_PASSES
+    from zonnx.quantization.prepare import PREP_PASSES
 
     model = to_ir(str(zoo.get(BERT)))
     for name in PREP_PASSES:
