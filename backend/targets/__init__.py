@@ -177,9 +177,15 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {key}")
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field annotations of dataclass ``cls`` (resolving them is most of a target's load time)."""
+    return typing.get_type_hints(cls)
+
+
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     """Instantiate dataclass ``cls`` from a TOML table, key by key."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "path"}
     dot = f"{prefix}." if prefix else ""
     for key in data:
