@@ -23,7 +23,9 @@ one run; the same two lines for MobileNetV2 (quantized in the target's form, aga
 per-channel u8s8 QDQ). With $ZONNX_THREADS=1 the native-kernel lines and the 16-bit line are repeated
 in thread CPU time (``_cpu_pair``: same alternation, ``time.thread_time``), which a loaded shared host
 does not skew. On zhouyi-x2 ResNet-18 with 16-bit activations is timed against its own 8-bit program (same
-session kind, interleaved).
+session kind, interleaved), and so is the A16W8 transformer (``transformer-random``, its sequence length
+fixed by the ``input_shapes`` provider option, so every MAC is on the NPU) against the same call with int8
+activations.
 """
 
 from __future__ import annotations
@@ -244,29 +246,42 @@ def _kernels(
     return out
 
 
-def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measurement]:
-    """ResNet-18 with 16-bit activations vs its 8-bit program on zhouyi-x2, both NPU sessions (target <= 2x)."""
-    path16 = tmp / "int16_zhouyi.onnx"
+def _quantize_bits(model: str, dst: Path, bits: int) -> Path:
+    """``model`` for zhouyi-x2 with ``bits``-bit activations and int8 weights (the same call for 8 and 16)."""
     zonnx.quantize_static(
-        str(zoo.get("resnet18-random")),
-        str(path16),
-        ListReader(zoo.sample_inputs("resnet18-random", 4, seed=1)),
-        activation_type="int16",
+        str(zoo.get(model)),
+        str(dst),
+        ListReader(zoo.sample_inputs(model, 4, seed=1)),
+        activation_type=f"int{bits}",
         weight_type="int8",
         extra_options={"Target": "zhouyi-x2"},
     )
-    x = zoo.sample_inputs("resnet18-random", 1)[0]["input"]
-    s16, s8 = _npu_session(path16, "zhouyi-x2", tmp), _npu_session(path8, "zhouyi-x2", tmp)
-    ref = _npu_session(path16, "zhouyi-x2", tmp, executor="reference")
-    if s16.executor != "ort" or not np.array_equal(
-        s16.run(None, {"input": x})[0], ref.run(None, {"input": x})[0]
+    return dst
+
+
+def _int16_vs_int8(ctx: BenchContext, tmp: Path, model: str, path8: Path | None = None) -> list[Measurement]:
+    """``model`` with 16-bit activations vs its 8-bit program on zhouyi-x2, both NPU sessions (target <= 2x);
+    the 8-bit program is ``path8`` (ResNet-18: the target's recipe) or the same call with int8 activations."""
+    short = model.split("-")[0]
+    path16 = _quantize_bits(model, tmp / f"int16_zhouyi_{short}.onnx", 16)
+    path8 = path8 or _quantize_bits(model, tmp / f"int8_zhouyi_{short}.onnx", 8)
+    feed = zoo.sample_inputs(model, 1)[0]
+    # static shapes, as the model is compiled for the NPU (the transformer's sequence length is dynamic)
+    shapes = ";".join(f"{k}:{','.join(map(str, v.shape))}" for k, v in feed.items())
+    s16 = _npu_session(path16, "zhouyi-x2", tmp, input_shapes=shapes)
+    s8 = _npu_session(path8, "zhouyi-x2", tmp, input_shapes=shapes)
+    ref = _npu_session(path16, "zhouyi-x2", tmp, executor="reference", input_shapes=shapes)
+    if s16.executor != "ort" or not all(
+        np.array_equal(a, b) for a, b in zip(s16.run(None, feed), ref.run(None, feed), strict=True)
     ):
-        raise AssertionError("zhouyi-x2 int16: the NPU session is not on ORT or differs from the reference")
-    t16, t8 = ctx.time_pair(lambda: s16.run(None, {"input": x}), lambda: s8.run(None, {"input": x}))
+        raise AssertionError(
+            f"zhouyi-x2 int16 {model}: the NPU session is not on ORT or differs from the reference"
+        )
+    t16, t8 = ctx.time_pair(lambda: s16.run(None, feed), lambda: s8.run(None, feed))
     kind = "native" if s16.kernels is not None and s16.kernels.available else "onnx"
     out = [
         Measurement(
-            f"resnet18 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program",
+            f"{short} 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program",
             t16.median * 1e3,
             "ms",
             LOWER,
@@ -275,11 +290,11 @@ def _int16_vs_int8(ctx: BenchContext, tmp: Path, path8: Path) -> list[Measuremen
             target=2.0,
         )
     ]
-    cpu = _cpu_pair(ctx, lambda: s16.run(None, {"input": x}), lambda: s8.run(None, {"input": x}))
+    cpu = _cpu_pair(ctx, lambda: s16.run(None, feed), lambda: s8.run(None, feed))
     if cpu is not None:
         out.append(
             Measurement(
-                f"resnet18 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program, "
+                f"{short} 16-bit activations, {kind} kernels, zhouyi-x2, time vs its 8-bit program, "
                 "thread CPU time",
                 cpu[0] * 1e3,
                 "ms",
@@ -368,7 +383,7 @@ def bench_npu_speed(ctx: BenchContext) -> list[Measurement]:
     """Images/s (batch 1) of the lowered program vs ORT QDQ int8 per target (target 0.8x), and numpy's."""
     cases = CASES[:1] if ctx.quick else CASES
     ctx.describe(
-        ["resnet18-random", "mobilenetv2-random"],
+        ["resnet18-random", "mobilenetv2-random", "transformer-random"],
         {"calibration": 4, "timed image (batch 1)": 1, "targets": len(cases)},
         {"calibration": 1, "timed image": 0},
         "QDQ in each target's scheme (target_quantize_kwargs); ORT_ENABLE_ALL for the ORT peers",
@@ -387,7 +402,8 @@ def bench_npu_speed(ctx: BenchContext) -> list[Measurement]:
             )
             results += _kernels(ctx, target, mobilenet, tmp, "mobilenetv2-random")
             if target == "zhouyi-x2":
-                results += _int16_vs_int8(ctx, tmp, qpath)
+                results += _int16_vs_int8(ctx, tmp, "resnet18-random", qpath)
+                results += _int16_vs_int8(ctx, tmp, "transformer-random")  # the A16W8 transformer
             if not ctx.quick:
                 results += _measure(ctx, target, qpath, program, tmp) + _creation(target, qpath, tmp)
     return results
