@@ -295,3 +295,14 @@ def test_bias_correction_is_tried_before_any_layer_is_raised(digits: Path, tmp_p
     assert "BiasCorrection" not in off_config.read_text()
     with pytest.raises(OptionError, match="bias_correction='maybe'"):
         quantize_with_budget(digits, tmp_path / "x.onnx", _feeds(32), _config(), bias_correction="maybe", **kwargs)
+
+
+def test_bias_correction_is_not_tried_where_it_cannot_run(digits: Path, tmp_path: Path) -> None:
+    """QOperator models have no DequantizeLinear to correct: the search skips the trial, and runs."""
+    from zonnx.quantization.enums import QuantFormat
+
+    cfg = build_config(quant_format=QuantFormat.QOperator, per_channel=True)
+    _, result, config_path = quantize_with_budget(
+        digits, tmp_path / "q.onnx", _feeds(32), cfg, budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100)
+    )
+    assert result.bias_correction is None and "BiasCorrection" not in config_path.read_text()

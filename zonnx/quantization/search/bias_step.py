@@ -3,7 +3,8 @@
 Rule: with the search's scorer (same statistics, evaluation samples and metric), score the configuration
 as it is and with ``BiasCorrection`` on; keep bias correction when its score is at least the plain one.
 Either way every layer stays int8, so this costs no NPU time, and a kept correction shifts the whole
-search's starting point. The scorer's base configuration is left with the choice.
+search's starting point. The scorer's base configuration is left with the choice. A configuration bias
+correction cannot run on (``check_recovery_options``: QOperator, bfloat16) is not tried.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ __all__ = ["BiasTrial", "try_bias_correction", "bias_correction_note"]
 import dataclasses
 import logging
 from typing import Any
+
+from zonnx.errors import OptionError
+from zonnx.quantization.recovery.steps import check_recovery_options
 
 logger = logging.getLogger(__name__)
 
@@ -26,13 +30,20 @@ class BiasTrial:
     kept: bool
 
 
-def try_bias_correction(scorer: Any, metric: str) -> BiasTrial:
-    """Score ``scorer.base`` without and with bias correction (module docstring); the kept one stays."""
+def try_bias_correction(scorer: Any, metric: str) -> BiasTrial | None:
+    """Score ``scorer.base`` without and with bias correction (module docstring); the kept one stays.
+    None when the configuration cannot take bias correction (QOperator, bfloat16: the reason is logged)."""
     plain_base = scorer.base
-    plain = scorer.score({}).score
-    scorer.base = dataclasses.replace(
+    corrected_base = dataclasses.replace(
         plain_base, extra=dataclasses.replace(plain_base.extra, bias_correction=True)
     )
+    try:
+        check_recovery_options(corrected_base, has_reader=True)
+    except OptionError as e:
+        logger.info("accuracy search: bias correction not tried (%s)", e)
+        return None
+    plain = scorer.score({}).score
+    scorer.base = corrected_base
     corrected = scorer.score({}).score
     kept = corrected >= plain
     if not kept:

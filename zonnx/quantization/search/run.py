@@ -175,7 +175,7 @@ def quantize_with_budget(
         corrected = None
         if bias_correction == "try" and not config.extra.bias_correction:
             corrected = try_bias_correction(scorer, metric)
-            if corrected.kept:
+            if corrected is not None and corrected.kept:
                 config = dataclasses.replace(
                     config, extra=dataclasses.replace(config.extra, bias_correction=True)
                 )
