@@ -283,7 +283,9 @@ def test_bias_correction_is_tried_before_any_layer_is_raised(digits: Path, tmp_p
     """The search scores the all-int8 model with and without BiasCorrection and keeps the better; kept,
     it is the search's baseline and the config file carries it, so a re-run reproduces it."""
     kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100))
-    _, result, config_path = quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(32), _config(), **kwargs)
+    _, result, config_path = quantize_with_budget(
+        digits, tmp_path / "q.onnx", _feeds(32), _config(), **kwargs
+    )
     trial = result.bias_correction
     assert trial is not None and trial.corrected > trial.plain and trial.kept
     assert result.baseline.score == pytest.approx(trial.corrected)
@@ -294,7 +296,9 @@ def test_bias_correction_is_tried_before_any_layer_is_raised(digits: Path, tmp_p
     assert off.bias_correction is None and off.baseline.score == pytest.approx(trial.plain)
     assert "BiasCorrection" not in off_config.read_text()
     with pytest.raises(OptionError, match="bias_correction='maybe'"):
-        quantize_with_budget(digits, tmp_path / "x.onnx", _feeds(32), _config(), bias_correction="maybe", **kwargs)
+        quantize_with_budget(
+            digits, tmp_path / "x.onnx", _feeds(32), _config(), bias_correction="maybe", **kwargs
+        )
 
 
 def test_bias_correction_is_not_tried_where_it_cannot_run(digits: Path, tmp_path: Path) -> None:
@@ -303,6 +307,12 @@ def test_bias_correction_is_not_tried_where_it_cannot_run(digits: Path, tmp_path
 
     cfg = build_config(quant_format=QuantFormat.QOperator, per_channel=True)
     _, result, config_path = quantize_with_budget(
-        digits, tmp_path / "q.onnx", _feeds(32), cfg, budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100)
+        digits,
+        tmp_path / "q.onnx",
+        _feeds(32),
+        cfg,
+        budget=0.002,
+        metric="cosine",
+        eval_feeds=_feeds(16, 100),
     )
     assert result.bias_correction is None and "BiasCorrection" not in config_path.read_text()
