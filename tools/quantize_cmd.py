@@ -299,7 +299,7 @@ def quantize(
     if accuracy_budget is None and range_search:
         raise OptionError("--range-search goes with --accuracy-budget; add it or drop --range-search.")
     cfg_file = load_config_file(config) if config else {}
-    proto = load_proto(model)
+    proto = load_proto(model, load_external_data=False)  # quantize_static reads (maps) the weights
     tdef = _target_defaults(target or cfg_file.get("target"))
     fmt = fmt or cfg_file.get("format", tdef.get("quant_format", "qdq"))
     extra_options = {
@@ -385,7 +385,7 @@ def quantize(
     if executor is not None:
         ctx.call_on_close(executor.close)
     if accuracy_budget is not None:
-        run_budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
+        run_budget_search(model, output, reader, load_proto(model), preprocess, cfg, accuracy_budget, metric, eval_data,
                           search_layers, measure_layers, strict, summary_table,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,
