@@ -6,7 +6,8 @@ in external data) and, for ``convert``, a torch module defined as real ones are 
 wide, with ``ZONNX_PROTO_LIMIT`` lowered to 100 kB so the commands take the paths of a model past 2 GiB.
 
 Per command: wall time of the process, its peak resident set size (``ru_maxrss`` of the child from
-``os.wait4``, so mapped weight pages count) over the bytes of the float weights it works on, and whether it
+``os.wait4``, so mapped weight pages count; the chain is written by a spawned child, so this process, whose
+peak every child's ``ru_maxrss`` starts from, stays small) over the bytes of the float weights it works on, and whether it
 passed: exit code 0 and an output that loads (an ORT session from its path for plain models, a zonnx NPU
 session for compiled ones, finite arrays for ``run``'s .npz; in a separate process). The peer of
 ``zonnx run`` on the compiled model is ORT creating a session on the QDQ model and running it once, in a
@@ -19,6 +20,7 @@ __all__ = ["bench_large_cli"]
 
 import dataclasses
 import logging
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -126,7 +128,12 @@ def bench_large_cli(ctx: BenchContext) -> list[Measurement]:
     zonnx = _zonnx()
     out: list[Measurement] = []
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
-        make_chain(f"{tmp}/m.onnx", width, layers)
+        # in a child: a child's ru_maxrss starts at its parent's peak, so this process must stay small
+        proc = multiprocessing.get_context("spawn").Process(
+            target=make_chain, args=(f"{tmp}/m.onnx", width, layers)
+        )
+        proc.start()
+        proc.join()
         rng = np.random.default_rng(1)
         np.savez(f"{tmp}/calib.npz", x=rng.standard_normal((8, width)).astype(np.float32))
         np.savez(f"{tmp}/in.npz", x=np.random.default_rng(2).standard_normal((1, width)).astype(np.float32))
