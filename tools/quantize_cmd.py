@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zonnx.errors import OptionError
-from zonnx.ir.io import load_proto
+from zonnx.ir.io import external_data_locations, load_proto
 from zonnx.paths import refuse_overwrites, target_file
 from zonnx.quantization.api import build_config, quantize_static
 from zonnx.quantization.config import load_config_file
@@ -250,7 +250,7 @@ def quantize(
     external_data: bool = typer.Option(
         False,
         "--external-data",
-        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB or when MODEL has external data).",
     ),
     requantize: bool = typer.Option(
         False,
@@ -344,7 +344,8 @@ def quantize(
         if per_channel is not None
         else cfg_file.get("per_channel", tdef.get("per_channel", not tdef)),
         reduce_range=cfg_file.get("reduce_range", False),
-        use_external_data_format=external_data,
+        use_external_data_format=external_data
+        or bool(external_data_locations(proto)),  # weights stay external
         activation_type=activation_type
         or cfg_file.get("activation_type", tdef.get("activation_type", "int8")),
         weight_type=weight_type or cfg_file.get("weight_type", "int8"),
