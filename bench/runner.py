@@ -336,6 +336,12 @@ REGISTRY: dict[str, Benchmark] = {
             "optimize --verify, compile and an NPU session",
         ),
         Benchmark(
+            "large_cli",
+            "bench.bench_large_cli:bench_large_cli",
+            "every zonnx command from the CLI on the 2.2 GB chain (convert: a torch model of 2.2 GB): time, peak "
+            "RSS over the weights, exit 0 with a loadable output",
+        ),
+        Benchmark(
             "npu_estimate",
             "bench.bench_npu_estimate:bench_npu_estimate",
             "estimated NPU cycles, time and DDR traffic (zonnx profile's cost model) of the zoo CNNs per target",

@@ -250,7 +250,14 @@ def quant_input_ranges(model: onnx.ModelProto) -> dict[str, tuple[float, float]]
 
 def codes_view(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Any]:
     """A copy of ``model`` whose outputs made by a per-tensor DequantizeLinear give the integer codes
-    instead, and a function turning the source's outputs (keys "0", "1", ...) into the same codes."""
+    instead, and a function turning the source's outputs (keys "0", "1", ...) into the same codes. A model
+    with no such output is its own view (no copy of its weights)."""
+    made_by = {o: n for n in model.graph.node for o in n.output}
+    if not any(
+        (n := made_by.get(out.name)) is not None and n.op_type == "DequantizeLinear" and _qparams(model, n)
+        for out in model.graph.output
+    ):
+        return model, dict
     view = copy_model(model)  # never serialized: works past 2 GB
     producers = {o: n for n in view.graph.node for o in n.output}
     params: dict[str, tuple[float, int, np.dtype]] = {}
@@ -397,6 +404,8 @@ def convert_module(
         "input_shapes": shapes, **dict(options or {}),
     })  # fmt: skip
     model = finish(raw, info, opset=opset, input_names=in_names, output_names=out_names)
+    for tensor in raw.graph.initializer:  # the exporter's model is kept for its op counts only
+        tensor.ClearField("raw_data")
     checks = []
     if check:
         dynamic = {k: list(v) for k, v in (dynamic_axes or {}).items() if k in in_names}

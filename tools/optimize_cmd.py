@@ -12,6 +12,7 @@ import typer
 from zonnx.converters.from_onnx import set_input_dims
 from zonnx.errors import OptionError
 from zonnx.ir.io import check_wiring, load_proto, save_model
+from zonnx.ir.large import load_whole_or_mapped, whole_proto
 from zonnx.optimization import DEFAULT_OPSET, OptimizeOptions, optimize_with_report
 from zonnx.passes.catalog import PASSES, PIPELINES, pass_class
 from zonnx.passes.pipeline import VerifyOptions
@@ -86,18 +87,27 @@ def optimize(
         if verify
         else None,
     )
-    proto = load_proto(model)
-    check_wiring(proto, str(model))  # an invalid input is said to be invalid, not optimized into a worse one
+    skeleton = load_proto(model, load_external_data=False)
+    check_wiring(
+        skeleton, str(model)
+    )  # an invalid input is said to be invalid, not optimized into a worse one
     shapes = parse_input_shapes(input_shape)
     if shapes:  # the passes see fixed dims, so shape arithmetic on them folds (convert's rule)
-        proto = set_input_dims(proto, shapes)
+        skeleton = set_input_dims(skeleton, shapes)
+    proto, _ = load_whole_or_mapped(model, skeleton=skeleton)  # past 2 GB the weights stay mapped
     show_progress = console.is_terminal and not as_json
     if show_progress:
         with console.status("optimizing") as status:
             result = optimize_with_report(proto, options, progress=lambda n: status.update(f"pass {n}"))
     else:
         result = optimize_with_report(proto, options)
-    save_model(result.model, output, input_path=model, inplace=inplace, external_data=external_data or None)
+    save_model(
+        whole_proto(result.model),
+        output,
+        input_path=model,
+        inplace=inplace,
+        external_data=external_data or None,
+    )
     if as_json:
         console.print_json(
             json.dumps({"input": str(model), "output": str(output), **pipeline_report_dict(result.report)})

@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zonnx.errors import OptionError
-from zonnx.ir.io import load_proto
+from zonnx.ir.io import external_data_locations, load_proto
 from zonnx.paths import refuse_overwrites, target_file
 from zonnx.quantization.api import build_config, quantize_static
 from zonnx.quantization.config import load_config_file
@@ -256,7 +256,7 @@ def quantize(
     external_data: bool = typer.Option(
         False,
         "--external-data",
-        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB).",
+        help="Write the weights to OUT.onnx.data beside the model (automatic past 2 GB or when MODEL has external data).",
     ),
     requantize: bool = typer.Option(
         False,
@@ -309,7 +309,7 @@ def quantize(
             "--search-bias-correction goes with --accuracy-budget; add it or drop --search-bias-correction."
         )
     cfg_file = load_config_file(config) if config else {}
-    proto = load_proto(model)
+    proto = load_proto(model, load_external_data=False)  # quantize_static reads (maps) the weights
     tdef = _target_defaults(target or cfg_file.get("target"))
     fmt = fmt or cfg_file.get("format", tdef.get("quant_format", "qdq"))
     extra_options = {
@@ -354,7 +354,8 @@ def quantize(
         if per_channel is not None
         else cfg_file.get("per_channel", tdef.get("per_channel", not tdef)),
         reduce_range=cfg_file.get("reduce_range", False),
-        use_external_data_format=external_data,
+        use_external_data_format=external_data
+        or bool(external_data_locations(proto)),  # weights stay external
         activation_type=activation_type
         or cfg_file.get("activation_type", tdef.get("activation_type", "int8")),
         weight_type=weight_type or cfg_file.get("weight_type", "int8"),
@@ -395,7 +396,7 @@ def quantize(
     if executor is not None:
         ctx.call_on_close(executor.close)
     if accuracy_budget is not None:
-        run_budget_search(model, output, reader, proto, preprocess, cfg, accuracy_budget, metric, eval_data,
+        run_budget_search(model, output, reader, load_proto(model), preprocess, cfg, accuracy_budget, metric, eval_data,
                           search_layers, measure_layers, strict, summary_table,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,

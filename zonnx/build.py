@@ -22,6 +22,7 @@ from zonnx import zoo
 from zonnx.errors import ModelSaveError
 from zonnx.inspection import inspect_model, render_summary, summary_to_dict
 from zonnx.ir.io import load_proto, save_model, write_bytes_atomic
+from zonnx.ir.large import load_whole_or_mapped, whole_proto
 from zonnx.optimization import OptimizeOptions, optimize_with_report
 from zonnx.passes.pipeline import VerifyOptions
 from zonnx.passes.report import pipeline_report_dict, render_pipeline_report
@@ -107,7 +108,7 @@ def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console
     target = options.target
     assert target is not None
     quant_path = _output_paths(options, optimized.stem.removesuffix(".opt"))["quantized model"]
-    reader = calibration_feeds(options.model, options.calib, load_proto(optimized))
+    reader = calibration_feeds(options.model, options.calib, load_proto(optimized, load_external_data=False))
     with console.status(f"quantizing for {target}"):
         report.stages["quantize"] = quantize_for_target(
             optimized, quant_path, target, reader, external_data=options.external_data
@@ -130,7 +131,10 @@ def _deploy(options: BuildOptions, optimized: Path, report: BuildReport, console
     if options.model not in zoo.names():  # a user's model: its calibration samples (issue 11, item 17)
         from zonnx.quantization.search.run import read_feeds
 
-        feeds = read_feeds(calibration_feeds(options.model, options.calib, load_proto(optimized)), "--calib")
+        feeds = read_feeds(
+            calibration_feeds(options.model, options.calib, load_proto(optimized, load_external_data=False)),
+            "--calib",
+        )
         feeds = feeds[:NPU_EVAL_SAMPLES]
     result = npu_evaluation(options.model, session, optimized, quant_path, feeds)
     report.stages["npu"] = result
@@ -200,7 +204,7 @@ def _run_build(options: BuildOptions, console: Console) -> BuildReport:
     _refuse_overwrites(options, src)
     report = BuildReport(model=str(src))
     t0 = time.perf_counter()
-    proto = load_proto(src)
+    proto, _ = load_whole_or_mapped(src)  # past 2 GB the weights stay mapped from their file
     report.stages["load"] = {"path": str(src), "seconds": round(time.perf_counter() - t0, 3)}
     console.rule(f"[bold]zonnx build[/] {options.model}")
 
@@ -213,7 +217,9 @@ def _run_build(options: BuildOptions, console: Console) -> BuildReport:
         result = optimize_with_report(proto, opt)
     outputs = _output_paths(options, src.stem)
     optimized_path = outputs["optimized model"]
-    save_model(result.model, optimized_path, input_path=src, external_data=options.external_data or None)
+    save_model(
+        whole_proto(result.model), optimized_path, input_path=src, external_data=options.external_data or None
+    )
     render_pipeline_report(result.report, console)
     report.stages["optimize"] = {"output": str(optimized_path), **pipeline_report_dict(result.report)}
 

@@ -26,6 +26,7 @@ import onnx
 
 from zonnx import zoo
 from zonnx.errors import OptionError
+from zonnx.ir.io import external_data_locations, load_proto
 from zonnx.quantization.calibration.readers import ListReader
 
 
@@ -94,11 +95,12 @@ def quantize_for_target(
     optimized: Path, out: Path, target_name: str, reader: Any, *, external_data: bool = False
 ) -> dict[str, Any]:
     """Quantize ``optimized`` to ``out`` the way ``target_name`` needs (weights in ``out.data`` with
-    ``external_data``, else automatic past 2 GB); returns the stage's report."""
+    ``external_data``, when ``optimized`` has external data, and past 2 GB); returns the stage's report."""
     from zonnx.quantization.api import quantize_static
 
     kwargs = target_quantize_kwargs(target_name)
-    kwargs["use_external_data_format"] = external_data
+    skeleton = load_proto(optimized, load_external_data=False)
+    kwargs["use_external_data_format"] = external_data or bool(external_data_locations(skeleton))
     result = quantize_static(optimized, out, reader, **kwargs)
     worst = result.report.worst if result.report is not None else None
     return {

@@ -27,6 +27,7 @@ import onnxruntime as ort
 
 from zonnx.errors import OptionError, VerificationError, first_line
 from zonnx.ir.io import ModelLike, to_proto
+from zonnx.ir.large import check_model
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ def check_loadable(model: ModelLike, *, full_check: bool = True) -> None:
     """Raise VerificationError unless onnx.checker accepts the model and ORT can create a session."""
     proto = to_proto(model)
     try:
-        onnx.checker.check_model(proto, full_check=full_check)
+        check_model(proto, full_check=full_check)  # never one 2 GiB protobuf
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise VerificationError(f"onnx.checker rejects the model: {first_line(e)}") from None
     ort_session(proto)

@@ -144,3 +144,18 @@ def test_session_on_bytes_of_a_compiled_model_with_external_data(tmp_path: Path)
         zonnx.InferenceSession(onnx.load(str(c), load_external_data=False))
     out = zonnx.InferenceSession(str(c)).run(None, feeds[0])[0]
     assert out.shape == (1, D) and np.isfinite(out).all()
+
+
+def test_weights_stay_external_without_the_flag(tmp_path: Path) -> None:
+    """A source with external data (1.5 MB, under every limit) quantized and compiled without
+    --external-data: the weights stay in NAME.onnx.data at every step (the quantized model was inline)."""
+    src = chain(tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).standard_normal((8, D)).astype(np.float32))
+    run_cli("quantize", str(src), str(tmp_path / "q.onnx"), "--calib", str(tmp_path / "calib.npz"),
+            "--target", "bm1684x", check=True)  # fmt: skip
+    run_cli("compile", str(tmp_path / "q.onnx"), "-t", "bm1684x", "-o", str(tmp_path / "c.onnx"), check=True)
+    assert _external(tmp_path / "q.onnx") and _external(tmp_path / "c.onnx")
+    x = np.random.default_rng(3).standard_normal((1, D)).astype(np.float32)
+    ref = ort.InferenceSession(str(tmp_path / "q.onnx")).run(None, {"x": x})[0]
+    got = zonnx.InferenceSession(str(tmp_path / "c.onnx")).run(None, {"x": x})[0]
+    assert float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref)) > 0.999

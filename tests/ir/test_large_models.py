@@ -205,3 +205,67 @@ def test_load_whole_or_mapped_reads_the_file_once(tmp_path: Path, monkeypatch: p
     data.write_bytes(data.read_bytes()[:1000])
     with pytest.raises(zonnx.errors.ModelLoadError, match="m.onnx"):
         load_whole_or_mapped(src)
+
+
+def test_checker_sees_a_mapped_model_without_its_weights(tmp_path: Path, small_limit: None) -> None:
+    """onnx.checker on a model past the limit (it raised EncodeError past 2 GiB) or naming its files from
+    the filesystem root: the graph is checked with the weights as typed inputs, and still refused when
+    a node is wrong."""
+    from zonnx.ir.large import check_model, load_mapped
+
+    src = chain(tmp_path / "m.onnx")
+    mapped = onnx_ir_serialize(load_mapped(src))
+    with pytest.raises(onnx.checker.ValidationError):  # onnx's own check resolves 'tmp/...' from the cwd
+        onnx.checker.check_model(mapped)
+    check_model(mapped, full_check=True)
+    whole = load_proto(src)
+    assert is_large(whole)
+    check_model(whole)
+    assert len(whole.graph.initializer) == LAYERS and whole.graph.initializer[0].raw_data  # input untouched
+    whole.graph.node[0].input.append("w1")  # MatMul with three inputs
+    with pytest.raises(onnx.checker.ValidationError, match="input size 3"):
+        check_model(whole)
+
+
+def onnx_ir_serialize(model: object) -> onnx.ModelProto:
+    import onnx_ir as ir
+
+    assert isinstance(model, ir.Model)
+    return ir.serde.serialize_model(model)
+
+
+def test_build_and_convert_past_the_limit(tmp_path: Path, small_limit: None) -> None:
+    """``zonnx build`` on a model past the limit (its optimize --verify and quantize keep the weights
+    mapped) and ``zonnx convert`` of a torch model past it, without --external-data: every model written
+    keeps its weights in NAME.onnx.data, and the compiled model runs close to the quantized one."""
+    src = chain(tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).standard_normal((8, D)).astype(np.float32))
+    run_cli("build", str(src), "-o", str(tmp_path / "b"), "--calib", str(tmp_path / "calib.npz"),
+            "--target", "bm1684x", check=True)  # fmt: skip
+    opt = tmp_path / "b" / "m.opt.onnx"
+    assert (tmp_path / "b" / "m.opt.onnx.data").stat().st_size >= LAYERS * D * D * 4
+    x = np.random.default_rng(3).standard_normal((1, D)).astype(np.float32)
+    np.testing.assert_allclose(
+        ort.InferenceSession(str(opt)).run(None, {"x": x})[0],
+        ort.InferenceSession(str(src)).run(None, {"x": x})[0],
+        atol=1e-6,
+    )
+    quant, compiled = tmp_path / "b" / "m.bm1684x.q.onnx", tmp_path / "b" / "m.bm1684x.q.bm1684x.onnx"
+    for path in (quant, compiled):
+        assert Path(f"{path}.data").stat().st_size > path.stat().st_size, path
+    npu = zonnx.InferenceSession(str(compiled)).run(None, {"x": x})[0]
+    ref = ort.InferenceSession(str(quant)).run(None, {"x": x})[0]
+    assert float((npu * ref).sum() / np.linalg.norm(npu) / np.linalg.norm(ref)) > 0.999
+
+    (tmp_path / "mlp.py").write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Mlp(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        torch.manual_seed(0)\n"
+        "        self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 256)\n\n"
+        "    def forward(self, x):\n        return self.b(torch.relu(self.a(x)))\n"
+    )
+    out = tmp_path / "mlp.onnx"
+    run_cli(
+        "convert", "mlp.py:Mlp", "-o", str(out), "--input-shape", "x:1,256", cwd=str(tmp_path), check=True
+    )
+    assert Path(f"{out}.data").stat().st_size >= 2 * 256 * 256 * 4
+    assert ort.InferenceSession(str(out)).run(None, {"x": x})[0].shape == (1, 256)

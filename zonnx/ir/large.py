@@ -19,10 +19,12 @@ __all__ = [
     "EXTERNAL_ROOT",
     "FOLDER_KEY",
     "is_large",
+    "check_model",
     "copy_model",
     "load_mapped",
     "load_whole_or_mapped",
     "materialize",
+    "whole_proto",
     "release_mapped",
     "rooted",
     "deserialize",
@@ -55,6 +57,7 @@ from zonnx.ir.io import (
     proto_limit,
     tensor_bytes,
     to_ir,
+    to_proto,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,33 @@ logger = logging.getLogger(__name__)
 def is_large(model: onnx.ModelProto) -> bool:
     """Whether the model's tensors exceed ``proto_limit()``: it must not be serialized as one protobuf."""
     return tensor_bytes(model) > proto_limit()
+
+
+def _checker_view(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without its initializers' data: each initializer of 1 KiB or more (or external) becomes a
+    graph input of the same type and shape, which onnx.checker validates alike (IR >= 4)."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, "graph")
+    _copy_fields(model.graph, light.graph, "initializer")
+    inputs = {i.name for i in light.graph.input}
+    for init in model.graph.initializer:
+        if onnx.external_data_helper.uses_external_data(init) or _serialized_at_least(init, 1024):
+            if init.name not in inputs:
+                light.graph.input.append(
+                    onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+                )
+        else:
+            light.graph.initializer.append(init)
+    return light
+
+
+def check_model(model: onnx.ModelProto, *, full_check: bool = False) -> None:
+    """``onnx.checker.check_model`` that works past 2 GiB: a model over ``proto_limit()``, or with external
+    tensors (a lazily loaded model names them from ``EXTERNAL_ROOT``, which the checker would resolve from
+    the working folder), is checked without its weights' bytes (``_checker_view``), so it is never
+    serialized whole; onnx's errors pass through."""
+    light = is_large(model) or bool(_external(model))
+    onnx.checker.check_model(_checker_view(model) if light else model, full_check=full_check)
 
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -94,11 +124,15 @@ def load_mapped(path: str | os.PathLike[str]) -> ir.Model | None:
     return model if mapped else None
 
 
-def load_whole_or_mapped(path: str | os.PathLike[str], *, whole: bool = True) -> tuple[ir.Model | None, bool]:
+def load_whole_or_mapped(
+    path: str | os.PathLike[str], *, whole: bool = True, skeleton: onnx.ModelProto | None = None
+) -> tuple[ir.Model | None, bool]:
     """(model, mapped): as ``load_mapped`` past ``proto_limit()`` (mapped True); otherwise the whole model
-    as ``to_ir(path)`` gives it, from the same single read of the file (None when ``whole`` is False)."""
+    as ``to_ir(path)`` gives it, from the same single read of the file (None when ``whole`` is False).
+    ``skeleton``: the file already read without its external data (e.g. checked or edited by the caller;
+    it is used, and changed, in place of a second read)."""
     p = Path(path)
-    skeleton = load_proto(p, load_external_data=False)
+    skeleton = skeleton if skeleton is not None else load_proto(p, load_external_data=False)
     external = _external(skeleton)
     total = sum(int(onnx.external_data_helper.ExternalDataInfo(t).length or 0) for t in external)
     if not external or total <= proto_limit():
@@ -143,6 +177,12 @@ def release_mapped(tensors: list[ir.ExternalTensor]) -> int:
             except BufferError:  # an array still views the mapping: it stays until that array goes
                 pass
     return released
+
+
+def whole_proto(model: onnx.ModelProto | ir.Model) -> onnx.ModelProto:
+    """``to_proto(model)`` with what a lazily loaded model still names by ``EXTERNAL_ROOT`` read into it
+    (``materialize``): the form ``save_model`` writes anywhere, its weights then going to ``NAME.data``."""
+    return materialize(to_proto(model))
 
 
 def materialize(model: onnx.ModelProto) -> onnx.ModelProto:

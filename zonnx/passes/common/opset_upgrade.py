@@ -25,6 +25,7 @@ import onnx_ir as ir
 
 from zonnx.errors import OptionError, PassFailedError, VerificationError, first_line
 from zonnx.ir.io import MAX_IR_VERSION, default_opset, to_proto
+from zonnx.ir.large import check_model
 from zonnx.passes.base import Changes, ZonnxPass
 from zonnx.passes.common.opset_adapters import Rewriter
 from zonnx.verify import compare_outputs, make_inputs, ort_session, run_ort
@@ -134,7 +135,7 @@ class OpsetUpgradePass(ZonnxPass):
         base = _Baseline()
         for level, full in ((2, True), (1, False)):
             try:
-                onnx.checker.check_model(proto, full_check=full)
+                check_model(proto, full_check=full)
                 base.checker = level
                 break
             except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
@@ -213,7 +214,7 @@ class OpsetUpgradePass(ZonnxPass):
         """Why ``proto`` is not an acceptable upgrade, or None when it is."""
         if base.checker:
             try:
-                onnx.checker.check_model(proto, full_check=base.checker == 2)
+                check_model(proto, full_check=base.checker == 2)
             except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
                 return f"onnx.checker rejects its result ({first_line(e)})"
         for func in proto.functions:
