@@ -176,7 +176,7 @@ def _prepared_float(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto
     """The float model after the quantizer's preparation passes (names then match the quantized model)."""
     from zonnx.ir.io import to_ir
     from zonnx.passes.catalog import make_pass
-    from zonnx.quantization.api import PREP_PASSES
+    from zonnx.quantization.prepare import PREP_PASSES
 
     try:
         ir_model = to_ir(model)
