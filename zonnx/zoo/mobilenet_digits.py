@@ -1,5 +1,5 @@
-"""MobileNetV2 trained here (a few minutes of CPU) on scikit-learn's 8x8 digits: the zoo's MobileNetV2 with
-a real accuracy to keep.
+"""MobileNetV2 trained here (minutes of CPU) on scikit-learn's 8x8 digits: the zoo's MobileNetV2 with trained
+weights and BatchNorm statistics, and a real (if modest: about 0.8 top-1 here) accuracy to keep.
 
 Architecture: ``zonnx.zoo.torch_models.MobileNetV2`` at width ``WIDTH`` (inverted residuals, depthwise 3x3,
 ReLU6, BatchNorm, linear bottlenecks, 1280-channel head), 10 classes. Input: a digit of ``digits_data``
@@ -11,7 +11,11 @@ ImageNet network::
 
 Splits are ``zonnx.zoo.digits``'s (stratified, seed 0): the network trains on the 1347 training images
 and its top-1 is measured with ORT on the 450 test images. Training: AdamW (lr 1e-3, batch 32), one epoch
-of linear warm-up then cosine decay, torch's default initialization, seeded, with two torch threads.
+of linear warm-up then cosine decay, torch's default initialization, seeded, with two torch threads;
+from epoch ``FREEZE_BN`` on, BatchNorm statistics are measured once over the training split and frozen
+(the running averages of 32-image batches are noisy where feature maps are 1x1).
+The network is under-trained: it learns slowly on 1347 images (train loss ~0.7 after 12 epochs; 15
+epochs without freezing gave 0.74 test top-1), far from the small ``digits_cnn``'s 0.99.
 No augmentation: random shifts of a whole batch (1 pixel of the 8x8 digit, or even 1 pixel of the 32x32
 image) stopped this network from learning within the budget here (loss stayed near ln 10 for epochs;
 with 5 stride-2 layers a shift changes the sampling phase of every one of them). float32 kernels differ
@@ -30,6 +34,7 @@ __all__ = [
     "mobilenetv2_digits_inputs",
     "train_mobilenetv2_digits",
     "build_mobilenetv2_digits",
+    "export_mobilenetv2_digits",
 ]
 
 import logging
@@ -53,7 +58,9 @@ logger = logging.getLogger(__name__)
 SEED = 0
 SIZE = 32
 WIDTH = 1.0
-EPOCHS = 15
+EPOCHS = 12
+#: From this epoch on BatchNorm statistics are frozen (measured once over the whole training split).
+FREEZE_BN = 7
 BATCH = 32
 LR = 1e-3
 
@@ -79,6 +86,19 @@ def mobilenetv2_digits_inputs(n: int, seed: int = 0) -> list[dict[str, np.ndarra
     return [{"input": upscale(x[i : i + 1])} for i in idx]
 
 
+def _measure_bn(model: nn.Module, x: torch.Tensor) -> None:
+    """Set every BatchNorm's running mean/var to its average batch statistics over all of ``x`` (batches of
+    128): the noisy running averages of 32-image batches (1x1 feature maps at the end) are replaced."""
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average
+    model.train()
+    with torch.no_grad():
+        for i in range(0, len(x), 128):
+            model(x[i : i + 128])
+
+
 def train_mobilenetv2_digits(
     seed: int = SEED, epochs: int = EPOCHS, on_epoch: Callable[[int, MobileNetV2], None] | None = None
 ) -> MobileNetV2:
@@ -99,6 +119,12 @@ def train_mobilenetv2_digits(
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(epochs):
         model.train()
+        if epoch >= FREEZE_BN:
+            if epoch == FREEZE_BN:
+                _measure_bn(model, x_tr)
+            for m in model.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.eval()
         perm = torch.randperm(len(x_tr), generator=gen)
         losses = []
         for i in range(0, len(x_tr), BATCH):
@@ -119,11 +145,15 @@ def build_mobilenetv2_digits(path: Path) -> None:
     """Train and export: input ``input`` [N, 3, SIZE, SIZE], output ``logits`` [N, 10], BatchNorm kept as
     nodes. The metadata keeps ``zonnx.test_accuracy`` (450 test images, ORT on the exported file), the
     width, input size, epochs, seed, training seconds and the training host."""
-    path = Path(path)
     start = time.perf_counter()
     with torch_threads():
         model = train_mobilenetv2_digits()
-    seconds = time.perf_counter() - start
+    export_mobilenetv2_digits(model, Path(path), time.perf_counter() - start)
+
+
+def export_mobilenetv2_digits(model: MobileNetV2, path: Path, seconds: float) -> None:
+    """Export the trained ``model`` to ``path`` with its metadata and its test accuracy measured in ORT."""
+    start = time.perf_counter()
     x_te, y_te = mobilenet_digits_data("test")
     proto = export_legacy(
         model,
@@ -136,7 +166,8 @@ def build_mobilenetv2_digits(path: Path) -> None:
             "zonnx.zoo": "mobilenetv2_digits",
             "zonnx.width": str(WIDTH),
             "zonnx.input_size": str(SIZE),
-            "zonnx.trained": f"{EPOCHS} epochs x {len(digits_data('train')[0])} digits (AdamW, batch {BATCH}, no augmentation)",
+            "zonnx.trained": f"{EPOCHS} epochs x {len(digits_data('train')[0])} digits (AdamW, batch {BATCH}, "
+            f"BatchNorm frozen from epoch {FREEZE_BN}, no augmentation)",
             "zonnx.train_seconds": f"{seconds:.0f}",
             "zonnx.test_samples": str(len(x_te)),
             "zonnx.seed": str(SEED),
@@ -149,7 +180,7 @@ def build_mobilenetv2_digits(path: Path) -> None:
     logger.info(
         "built %s in %.1f s (training %.1f s), test accuracy %.4f",
         path,
-        time.perf_counter() - start,
+        time.perf_counter() - start + seconds,
         seconds,
         accuracy,
     )
