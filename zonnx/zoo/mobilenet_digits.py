@@ -58,9 +58,9 @@ logger = logging.getLogger(__name__)
 SEED = 0
 SIZE = 32
 WIDTH = 1.0
-EPOCHS = 12
+EPOCHS = 40
 #: From this epoch on BatchNorm statistics are frozen (measured once over the whole training split).
-FREEZE_BN = 7
+FREEZE_BN = 30
 BATCH = 32
 LR = 1e-3
 
