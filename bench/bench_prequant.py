@@ -11,7 +11,9 @@ quantized by ``zonnx quantize --target`` on the same calibration images; target 
 float network is at hand (ORT sources: the model ORT quantized, after its pre-processing; QAT: the network
 before QAT), the retargeted and the source model are both compared with it too (no target): an untrained
 network amplifies any rounding difference, and this says whether retargeting or the source's own
-quantization costs the accuracy.
+quantization costs the accuracy. MobileNetV2 is the zoo's ``mobilenetv2_digits`` (trained here on digits
+upscaled to 32x32; calibrated on the digits ``calib`` split, cosines on test images): for it also the
+top-1 of every retargeted model on the 450 test images, against the source's own top-1 in ORT.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from bench import prequant_sources as src
 from bench.runner import HIGHER, BenchContext, Measurement
 
 TARGETS = ("dpu-b4096", "zhouyi-x2", "bm1684x")
+MOBILENET = "mobilenetv2_digits"
 #: Calibration / held-out samples of the zoo models (seeds 0 and 1, as ``zoo.sample_inputs`` draws them).
 CALIB, HELD = 8, 8
+#: The trained MobileNetV2: calibration images (digits calib split) and held-out test images for cosines.
+M_CALIB, M_HELD = 32, 64
 
 Feeds = list[dict[str, np.ndarray]]
 
@@ -106,23 +111,36 @@ def _qat_rows(folder: Path) -> list[Measurement]:
     return out
 
 
+def _top1_rows(label: str, source: Path, float_model: Path, folder: Path) -> list[Measurement]:
+    """Test top-1 of ``source`` retargeted to every target (written by ``_rows``) against the source's own."""
+    from zonnx.zoo.digits import evaluate_top1
+    from zonnx.zoo.mobilenet_digits import mobilenet_digits_data
+
+    x_te, y_te = mobilenet_digits_data("test")
+    peer, flt = evaluate_top1(source, x_te, y_te), evaluate_top1(float_model, x_te, y_te)
+    return [Measurement(f"{label} -> {target}: test top-1", evaluate_top1(folder / f"{source.stem}_{target}.onnx", x_te, y_te),
+                        "top1", HIGHER, peer="source in ORT", peer_value=peer, note=f"{len(y_te)} test images; float {flt:.4f}")
+            for target in TARGETS]  # fmt: skip
+
+
 def _describe(ctx: BenchContext, quick: bool) -> None:
     from zonnx.zoo import provenance
 
     models = [
         f"resnet18-random: {provenance('resnet18-random')}; quantized by ORT quantize_static (QOperator, QDQ: "
         "u8 activations, per-channel s8 weights, MinMax) and quantize_dynamic (s8 weights), after quant_pre_process",
-        f"mobilenetv2-random: {provenance('mobilenetv2-random')}; quantized by ORT quantize_static as above",
+        f"{MOBILENET}: {provenance(MOBILENET)}; quantized by ORT quantize_static as above",
         f"bert_encoder: {provenance('bert_encoder')}; quantized by ORT quantize_dynamic (s8 weights)",
         "Keras MobileNetV2 (alpha 0.35, 96x96, 10 classes, seeded random weights, BN statistics randomized): "
         "TFLiteConverter full-integer int8 (per-channel weights, float I/O), converted by zonnx convert",
         f"digits CNN: the zoo's digits_cnn network trained in float (seed 0), then {src.QAT_EPOCHS} epochs of torch "
         "eager QAT (fbgemm qconfig), converted by torch and exported by zonnx convert (QDQ)",
     ]
-    samples = {"zoo calibration": CALIB, "zoo held-out": HELD, "tflite calibration": 16, "tflite held-out": 8,
+    samples = {"zoo calibration": CALIB, "zoo held-out": HELD, f"{MOBILENET} calibration (calib split)": M_CALIB,
+               f"{MOBILENET} held-out (test split; top-1 on all 450)": M_HELD, "tflite calibration": 16, "tflite held-out": 8,
                "digits calibration (calib split)": 256, "digits held-out (cosine)": 64, "digits test (top-1)": 450}  # fmt: skip
     ctx.describe(
-        models[:1] if quick else models,
+        models[1:2] if quick else models,
         samples,
         {"zoo calibration": 0, "zoo held-out": 1, "tflite calibration": 0, "tflite held-out": 1, "qat": 0},
         note="retargeted with zonnx quantize_static(**target_quantize_kwargs(T)); NPU share compiled with the "
@@ -136,6 +154,13 @@ def bench_prequant(ctx: BenchContext) -> list[Measurement]:
     _describe(ctx, ctx.quick)
 
     def zoo_feeds(name: str) -> tuple[Feeds, Feeds]:
+        if name == MOBILENET:  # a trained model: calibrate on training images, compare on test images
+            from zonnx.zoo.mobilenet_digits import mobilenet_digits_data
+
+            (x_cal, _), (x_te, _) = mobilenet_digits_data("calib"), mobilenet_digits_data("test")
+            return [{"input": x_cal[i : i + 1]} for i in range(M_CALIB)], [
+                {"input": x_te[i : i + 1]} for i in range(M_HELD)
+            ]
         return zoo.sample_inputs(name, CALIB), zoo.sample_inputs(name, CALIB + HELD, seed=1)[CALIB:]
 
     out: list[Measurement] = []
@@ -144,7 +169,7 @@ def bench_prequant(ctx: BenchContext) -> list[Measurement]:
         Case = tuple[str, Callable[[], tuple[Path, Feeds, Feeds]], Path | None]
         cases: list[Case] = []
         for name, label, forms in (("resnet18-random", "ResNet-18", ("QOperator", "QDQ", "dynamic")),
-                                   ("mobilenetv2-random", "MobileNetV2", ("QOperator", "QDQ")),
+                                   (MOBILENET, "MobileNetV2", ("QOperator", "QDQ")),
                                    ("bert_encoder", "BERT encoder", ("dynamic",))):  # fmt: skip
             for form in forms:
 
@@ -158,9 +183,11 @@ def bench_prequant(ctx: BenchContext) -> list[Measurement]:
                 cases.append((f"{label} ORT {form}", make, folder / f"{name}_pre.onnx"))
         tfl_calib, tfl_held = src.tflite_feeds(16, 0), src.tflite_feeds(8, 1)
         cases.append(("MobileNetV2 TFLite int8", lambda: (src.tflite_int8(folder, tfl_calib), tfl_calib, tfl_held), None))  # fmt: skip
-        for label, make, float_model in cases[1:2] if ctx.quick else cases:
+        for label, make, float_model in cases[3:4] if ctx.quick else cases:
             source, calib, held = make()
             out += _rows(label, source, calib, held, folder, float_model)
+            if label.startswith("MobileNetV2 ORT") and float_model is not None:
+                out += _top1_rows(label, source, float_model, folder)
         if not ctx.quick:
             out += _qat_rows(folder)
     return out

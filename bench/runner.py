@@ -327,7 +327,8 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark(
             "prequant",
             "bench.bench_prequant:bench_prequant",
-            "ResNet-18 quantized by ORT (QOperator, QDQ, dynamic) retargeted to every NPU: MAC share, cosine vs source",
+            "ResNet-18 and the trained MobileNetV2 quantized by ORT (and more sources) retargeted to every NPU: MAC "
+            "share, cosine vs source, MobileNetV2 top-1",
         ),
         Benchmark(
             "large_model",
@@ -402,7 +403,7 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark(
             "recovery",
             "bench.bench_recovery:bench_recovery",
-            "trained digits CNN and mobilenetv2-random, dpu-b4096 power-of-two: held-out top-1 and SQNR, plain "
+            "trained digits CNN and mobilenetv2_digits, dpu-b4096 power-of-two: held-out top-1 and SQNR, plain "
             "MinMSE, + CLE, + bias correction, + AdaRound",
         ),
         Benchmark(

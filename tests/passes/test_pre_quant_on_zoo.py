@@ -31,7 +31,11 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("name", zoo.names())
+#: Trained for minutes at first use (same graph as mobilenetv2-random): its pipeline runs in bench/ only.
+LONG_BUILDS = {"mobilenetv2_digits"}
+
+
+@pytest.mark.parametrize("name", [n for n in zoo.names() if n not in LONG_BUILDS])
 def test_pre_quant_pipeline_verified_on_real_inputs(name: str) -> None:
     feeds = zoo.sample_inputs(name, 1, seed=3)[0]
     options = OptimizeOptions(verify=VerifyOptions(feeds=feeds))

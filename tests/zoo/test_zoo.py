@@ -18,6 +18,8 @@ from zonnx.zoo import digits, text_images
 
 BUILT = ["digits_cnn", "resnet18-random", "mobilenetv2-random", "transformer-random"]
 CNNS = ["digits_cnn", "resnet18-random", "mobilenetv2-random"]
+#: Trained for minutes at first use: checked without building in test_mobilenet_digits.py, measured by bench/.
+LONG_BUILDS = {"mobilenetv2_digits"}
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +170,7 @@ def test_digits_inputs_are_real_test_images():
     assert len(digits.digits_inputs(460)) == 460
 
 
-@pytest.mark.parametrize("name", zoo.names())
+@pytest.mark.parametrize("name", [n for n in zoo.names() if n not in LONG_BUILDS])
 def test_sample_inputs_match_the_model_inputs(built, name):
     path = built.get(name) or zoo.get(name)
     proto = onnx.load(str(path), load_external_data=False)

@@ -42,6 +42,14 @@ ZOO: dict[str, ZooEntry] = {
             "trained here",
         ),
         ZooEntry(
+            "mobilenetv2_digits",
+            "MobileNetV2 (width 1.0: inverted residuals, depthwise, ReLU6, BatchNorm) trained here at first use "
+            "(minutes of CPU) on scikit-learn's 8x8 digits upscaled to 1x3x32x32 (test accuracy in metadata)",
+            "zonnx.zoo.mobilenet_digits:build_mobilenetv2_digits",
+            "zonnx.zoo.mobilenet_digits:mobilenetv2_digits_inputs",
+            "trained here",
+        ),
+        ZooEntry(
             "resnet18-random",
             "ResNet-18-style CNN (torch, seeded random weights, BN statistics from synthetic images; NOT "
             "trained: for speed and exactness only), 1x3x224x224",
