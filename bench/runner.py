@@ -1,4 +1,5 @@
-"""Benchmark runner: an explicit registry of benchmarks, timing/memory helpers, table/markdown/JSON output.
+"""Benchmark runner: runs the registry's benchmarks (``registry.py``; timing and memory helpers in
+``timing.py``, re-exported here) and prints table/markdown/JSON output.
 
 Run ``python -m bench.runner [NAMES...] [--quick] [--json out.json] [--markdown]``.
 """
@@ -30,16 +31,11 @@ __all__ = [
 
 import argparse
 import dataclasses
-import importlib
 import json
 import logging
-import multiprocessing
-import resource
-import statistics
 import sys
 import time
 import traceback
-import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +44,16 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.header import Setup, host_lines, setup_lines
+from bench.registry import REGISTRY, Benchmark
+from bench.timing import (
+    MemoryStats,
+    TimingStats,
+    peak_rss,
+    time_call,
+    time_interleaved,
+    time_pair,
+    traced_peak,
+)
 from zonnx.errors import OptionError, did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -109,146 +115,6 @@ class Measurement:
 
 
 @dataclasses.dataclass(frozen=True)
-class TimingStats:
-    """Wall-clock seconds per call over ``repeat`` timed calls (after the warmup calls)."""
-
-    median: float
-    min: float
-    mean: float
-    repeat: int
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryStats:
-    """Peak memory of a call in bytes: ``peak`` for the whole process, ``delta`` above the peak before it."""
-
-    peak: int
-    baseline: int
-
-    @property
-    def delta(self) -> int:
-        return max(0, self.peak - self.baseline)
-
-
-def time_call(fn: Callable[[], object], repeat: int = 10, warmup: int = 2) -> TimingStats:
-    """Call ``fn`` ``warmup`` times untimed, then ``repeat`` times timed with perf_counter."""
-    if repeat < 1 or warmup < 0:
-        raise OptionError(f"time_call: repeat must be >= 1 and warmup >= 0 (got {repeat}, {warmup}).")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return TimingStats(statistics.median(times), min(times), statistics.fmean(times), repeat)
-
-
-def time_interleaved(
-    fns: Mapping[str, Callable[[], object]], repeat: int = 10, warmup: int = 2
-) -> dict[str, TimingStats]:
-    """Time several functions in rounds (a, b, c, a, b, c, ...) so a change in machine load hits all alike.
-
-    Every ratio between two of the results then compares timings taken in the same rounds of one run.
-    """
-    if repeat < 1 or warmup < 0:
-        raise OptionError(f"time_interleaved: repeat must be >= 1 and warmup >= 0 (got {repeat}, {warmup}).")
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - start)
-    return {
-        k: TimingStats(statistics.median(t), min(t), statistics.fmean(t), repeat) for k, t in times.items()
-    }
-
-
-def time_pair(
-    ours: Callable[[], object], peer: Callable[[], object], repeat: int = 10, warmup: int = 2
-) -> tuple[TimingStats, TimingStats]:
-    """Time two functions alternately (ours, peer, ours, ...) so a change in machine load hits both alike."""
-    if repeat < 1 or warmup < 0:
-        raise OptionError(f"time_pair: repeat must be >= 1 and warmup >= 0 (got {repeat}, {warmup}).")
-    t = time_interleaved({"ours": ours, "peer": peer}, repeat, warmup)
-    return t["ours"], t["peer"]
-
-
-def _status_kib(field: str) -> int | None:
-    """A ``Vm*`` figure of /proc/self/status in KiB (None off Linux)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _rss_child(fn: Callable[..., object], args: tuple[Any, ...], queue: Any) -> None:
-    # ru_maxrss survives fork+exec (a spawn child starts with its parent's peak), so use VmHWM, the peak
-    # of this process's own memory, reset to the current RSS just before the call where the kernel allows.
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        before = _status_kib("VmRSS")
-    except OSError:
-        before = _status_kib("VmHWM")
-    if before is None:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    try:
-        fn(*args)
-    except BaseException as e:  # report any failure back to the parent instead of hanging it
-        queue.put(("error", f"{type(e).__name__}: {e}"))
-        return
-    after = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put(("ok", (after * 1024, before * 1024)))
-
-
-def peak_rss(fn: Callable[..., object], *args: Any, timeout: float = 600.0) -> MemoryStats:
-    """Run ``fn(*args)`` in a fresh 'spawn' child and return its peak resident set size.
-
-    ``fn`` must be importable (a module-level function). The baseline is the child's resident size just
-    before the call (interpreter and imports), so ``delta`` is what the call itself added at its peak.
-    """
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_rss_child, args=(fn, args, queue))
-    proc.start()
-    try:
-        status, payload = queue.get(timeout=timeout)
-    finally:
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
-    if status != "ok":
-        raise RuntimeError(f"peak_rss: {getattr(fn, '__name__', fn)} failed in the child: {payload}")
-    peak, baseline = payload
-    return MemoryStats(peak=peak, baseline=baseline)
-
-
-def traced_peak(fn: Callable[..., object], *args: Any) -> MemoryStats:
-    """Peak bytes allocated through Python's allocator (numpy arrays included) while ``fn`` runs.
-
-    In-process and cheap, but blind to native allocations (ORT, torch): use peak_rss for those.
-    """
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    tracemalloc.reset_peak()
-    base = tracemalloc.get_traced_memory()[0]
-    try:
-        fn(*args)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
-    return MemoryStats(peak=peak, baseline=base)
-
-
-@dataclasses.dataclass(frozen=True)
 class BenchContext:
     """What every benchmark gets: timed repeats, untimed warmups, and quick mode (smaller, for smoke runs)."""
 
@@ -280,21 +146,6 @@ class BenchContext:
         return time_interleaved(fns, self.repeat, self.warmup)
 
 
-@dataclasses.dataclass(frozen=True)
-class Benchmark:
-    """A registered benchmark: ``target`` is a callable or a lazy "module:function" reference."""
-
-    name: str
-    target: str | Callable[[BenchContext], list[Measurement]]
-    description: str = ""
-
-    def load(self) -> Callable[[BenchContext], list[Measurement]]:
-        if callable(self.target):
-            return self.target
-        module, _, func = self.target.partition(":")
-        return getattr(importlib.import_module(module), func)
-
-
 @dataclasses.dataclass
 class BenchResult:
     """A benchmark's measurements, wall time, and the error text when it raised."""
@@ -308,179 +159,6 @@ class BenchResult:
     @property
     def failed(self) -> bool:
         return any(m.passed is False for m in self.measurements)
-
-
-#: Every benchmark, by name. Add new ones here (lazy references keep ``--help`` fast).
-REGISTRY: dict[str, Benchmark] = {
-    b.name: b
-    for b in [
-        Benchmark(
-            "ray_evaluate",
-            "bench.bench_ray_evaluate:bench_ray_evaluate",
-            "build evaluation (PP-OCRv4 rec, zhouyi-x2 NPU): 2 local Ray workers vs in process",
-        ),
-        Benchmark(
-            "smooth_quant",
-            "bench.bench_smooth_quant:bench_smooth_quant",
-            "SmoothQuant on the BERT zoo encoder: int8 embedding cosine with and without it",
-        ),
-        Benchmark(
-            "prequant",
-            "bench.bench_prequant:bench_prequant",
-            "ResNet-18 and the trained MobileNetV2 quantized by ORT (and more sources) retargeted to every NPU: MAC "
-            "share, cosine vs source, MobileNetV2 top-1",
-        ),
-        Benchmark(
-            "large_model",
-            "bench.bench_large_model:bench_large_model",
-            "a MatMul chain with 2.2 GB of float weights: quantize_static time and peak RSS vs ORT's, then "
-            "optimize --verify, compile and an NPU session",
-        ),
-        Benchmark(
-            "large_cli",
-            "bench.bench_large_cli:bench_large_cli",
-            "every zonnx command from the CLI on the 2.2 GB chain (convert: a torch model of 2.2 GB): time, peak "
-            "RSS over the weights, exit 0 with a loadable output",
-        ),
-        Benchmark(
-            "npu_estimate",
-            "bench.bench_npu_estimate:bench_npu_estimate",
-            "estimated NPU cycles, time and DDR traffic (zonnx profile's cost model) of the zoo CNNs per target",
-        ),
-        Benchmark(
-            "cache_hash",
-            "bench.bench_cache_hash:bench_cache_hash",
-            "sha256 content key of a 604 MB external-data model (the NPU cache's source identity) vs ORT "
-            "session creation on the same file",
-        ),
-        Benchmark(
-            "zoo_ort",
-            "bench.bench_zoo_ort:bench_zoo_ort",
-            "ORT float throughput of the CNN zoo models, graph optimizations off vs ORT default",
-        ),
-        Benchmark(
-            "graph_tools",
-            "bench.bench_graph_tools:bench_graph_tools",
-            "inspect and optimize wall time on every zoo model vs onnx shape inference and onnxslim",
-        ),
-        Benchmark(
-            "calib_plan",
-            "bench.bench_calib_plan:bench_calib_plan",
-            "calibration time with zonnx's own plan on ResNet-18 vs one float sweep (with and without session)",
-        ),
-        Benchmark(
-            "quant_accuracy",
-            "bench.bench_quant_accuracy:bench_quant_accuracy",
-            "digits top-1 and PP-OCRv4 rec char accuracy: zonnx quantizer vs ORT's, same arguments and data",
-        ),
-        Benchmark(
-            "quant_speed",
-            "bench.bench_quant_speed:bench_quant_speed",
-            "resnet18-random int8 QDQ from zonnx in plain ORT vs float and vs ORT's quantizer output, interleaved",
-        ),
-        Benchmark(
-            "npu_speed",
-            "bench.bench_npu_speed:bench_npu_speed",
-            "ResNet-18 through zonnx.InferenceSession (NPU) vs ORT running the same QDQ model, per target",
-        ),
-        Benchmark(
-            "int_path",
-            "bench.bench_int_path:bench_int_path",
-            "the exact u8 x u8 integer forms vs ORT's u8 x s8 kernels (inexact without VNNI): layers and "
-            "ResNet-18 NPU programs",
-        ),
-        Benchmark(
-            "npu_fidelity",
-            "bench.bench_npu_fidelity:bench_npu_fidelity",
-            "compiled NPU model vs its QDQ/FixNeuron model: output and per-layer LSB, cosine vs float, "
-            "NPU MAC share, every zoo model x target",
-        ),
-        Benchmark(
-            "custom_ops",
-            "bench.bench_custom_ops:bench_custom_ops",
-            "20 zonnx FixNeuron functions on 1x64x56x56 in ORT vs the same chain of QuantizeLinear/DequantizeLinear",
-        ),
-        Benchmark(
-            "recovery",
-            "bench.bench_recovery:bench_recovery",
-            "trained digits CNN and mobilenetv2_digits, dpu-b4096 power-of-two: held-out top-1 and SQNR, plain "
-            "MinMSE, + CLE, + bias correction, + AdaRound",
-        ),
-        Benchmark(
-            "calibration",
-            "bench.bench_calibration:bench_calibration",
-            "resnet18-random calibration (MinMax, Percentile sampled and full) / float sweep and peak RSS 256 vs "
-            "32 samples: zonnx vs ORT",
-        ),
-        Benchmark(
-            "calib_sample",
-            "bench.bench_calib_sample:bench_calib_sample",
-            "PP-OCRv4 rec char accuracy and quantize time with histograms from zonnx's strided sample vs every "
-            "value (CalibHistogramSample)",
-        ),
-        Benchmark(
-            "fast_finetune",
-            "bench.bench_fast_finetune:bench_fast_finetune",
-            "dpu-b4096 fast finetune (adaround, adaquant): held-out SQNR vs PTQ alone on the trained yolo_det, wall "
-            "time on resnet18-random",
-        ),
-        Benchmark(
-            "target_accuracy",
-            "bench.bench_target_accuracy:bench_target_accuracy",
-            "PP-OCRv4 rec char accuracy quantized with each NPU target's recipe, against float, with the "
-            "partitioner's NPU MAC share",
-        ),
-        Benchmark(
-            "quantize_call",
-            "bench.bench_quantize_call:bench_quantize_call",
-            "resnet18-random: the whole quantize_static call / one float sweep (MinMax, Percentile), zonnx vs "
-            "ORT's call in the same rounds",
-        ),
-        Benchmark(
-            "ort_conformance",
-            "bench.bench_ort_conformance:bench_ort_conformance",
-            "ONNX Runtime's own quantization tests with zonnx.quantize_static patched in: passed / passed with "
-            "ORT (snapshot from ZONNX_ORT_SNAPSHOT)",
-        ),
-        Benchmark(
-            "traps",
-            "bench.bench_traps:bench_traps",
-            "BERT encoder (mask Add + Softmax, LayerNorm, residual stream) and YOLO-style detector (boxes next "
-            "to sigmoid scores) per NPU target: fake-quant and simulated-NPU cosine vs float, NPU MAC share",
-        ),
-        Benchmark(
-            "npu_budget",
-            "bench.bench_npu_budget:bench_npu_budget",
-            "PP-OCRv4 rec --accuracy-budget 0.5 char-accuracy per NPU target: the choice compiled and run on the "
-            "simulated NPU against float, its NPU MAC share and the search time",
-        ),
-        Benchmark(
-            "bert_accuracy",
-            "bench.bench_bert_accuracy:bench_bert_accuracy",
-            "trained BERT classifier (zoo bert_encoder): topic accuracy and logits cosine vs float, generic int8 "
-            "(ORT, zonnx, A16W8, SmoothQuant) and per NPU target (recipe, + SmoothQuant, accuracy budget) on the "
-            "simulated NPU",
-        ),
-        Benchmark(
-            "bert_accuracy_6x384",
-            "bench.bench_bert_accuracy:bench_bert_accuracy_6x384",
-            "bert_accuracy on the issue's size (zoo bert_encoder-random, 6 x 384, random weights): embedding "
-            "cosine vs float, generic int8 and per NPU target on the simulated NPU",
-        ),
-        Benchmark(
-            "npu_budget_range",
-            "bench.bench_npu_budget:bench_npu_budget_range",
-            "npu_budget on the int8-only targets (bm1684x, dpu-b4096) with the per-tensor range search before "
-            "float fall-back",
-        ),
-        Benchmark(
-            "accuracy_peers",
-            "bench.bench_accuracy_peers:bench_accuracy_peers",
-            "PP-OCRv4 rec char accuracy and trained BERT topic accuracy / logits cosine: zonnx vs NNCF (and AIMET-ONNX), each "
-            "peer in its own venv (bench/.peers-venv), same calibration and test data",
-        ),
-    ]
-}
 
 
 def run_benchmarks(
