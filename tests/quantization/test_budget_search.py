@@ -288,7 +288,7 @@ def test_bias_correction_is_tried_before_any_layer_is_raised(digits: Path, tmp_p
     )
     trial = result.bias_correction
     assert trial is not None and trial.corrected > trial.plain and trial.kept
-    assert result.baseline.score == pytest.approx(trial.corrected)
+    assert result.baseline is trial.chosen and result.baseline.score == trial.corrected  # scored once
     assert "BiasCorrection = true" in config_path.read_text()
     _, off, off_config = quantize_with_budget(
         digits, tmp_path / "off.onnx", _feeds(32), _config(), bias_correction="off", **kwargs

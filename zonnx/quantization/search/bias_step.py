@@ -23,11 +23,13 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class BiasTrial:
-    """The two scores of the trial (search samples) and whether bias correction was kept."""
+    """The two scores of the trial and whether bias correction was kept; ``chosen`` is the kept
+    configuration's scored candidate, which the search takes as its baseline instead of scoring it again."""
 
     plain: float
     corrected: float
     kept: bool
+    chosen: Any = None
 
 
 def try_bias_correction(scorer: Any, metric: str) -> BiasTrial | None:
@@ -42,20 +44,22 @@ def try_bias_correction(scorer: Any, metric: str) -> BiasTrial | None:
     except OptionError as e:
         logger.info("accuracy search: bias correction not tried (%s)", e)
         return None
-    plain = scorer.score({}).score
+    # scored as the search scores its baseline (every evaluation sample when candidates use a subset)
+    plain_cand = scorer.score({}, full=scorer.subset)
     scorer.base = corrected_base
-    corrected = scorer.score({}).score
+    corrected_cand = scorer.score({}, full=scorer.subset)
+    plain, corrected = plain_cand.score, corrected_cand.score
     kept = corrected >= plain
     if not kept:
         scorer.base = plain_base
     logger.info(
-        "accuracy search: bias correction %s %s %.5f -> %.5f on the search samples",
+        "accuracy search: bias correction %s %s %.5f -> %.5f",
         "kept:" if kept else "not kept (lower score):",
         metric,
         plain,
         corrected,
     )
-    return BiasTrial(plain, corrected, kept)
+    return BiasTrial(plain, corrected, kept, corrected_cand if kept else plain_cand)
 
 
 def bias_correction_note(trial: BiasTrial | None) -> str:

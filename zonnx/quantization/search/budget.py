@@ -121,10 +121,13 @@ def search_budget(
     min_npu_share: float = 0.0,
     trials_per_round: int = 1,
     order: Sequence[str] | None = None,
+    baseline: Candidate | None = None,
 ) -> BudgetResult:
     """Run steps 1-6 of the module docstring on a scorer built for the baseline configuration;
     ``executor`` runs the sensitivity tasks, and the step-3 probes when ``trials_per_round`` > 1; ``order``
-    (the most sensitive node first, e.g. ``measure.measured_order``) replaces the report's ranking."""
+    (the most sensitive node first, e.g. ``measure.measured_order``) replaces the report's ranking;
+    ``baseline``: the baseline configuration already scored as step 1 scores it (the bias-correction
+    trial's), so it is not scored again."""
     if not (math.isfinite(budget) and budget >= 0):
         raise OptionError(f"--accuracy-budget {budget}: give points of the metric, a number >= 0 (e.g. 0.5).")
     if trials_per_round < 1:
@@ -137,7 +140,8 @@ def search_budget(
         )
     threshold = float_score - budget / 100.0
     precision = search_precision(scorer.base.extra.target)
-    baseline = scorer.score({}, full=scorer.subset)  # the baseline is judged on every sample
+    if baseline is None:
+        baseline = scorer.score({}, full=scorer.subset)  # the baseline is judged on every sample
     if progress:
         progress("baseline", baseline)
     candidates: list[Candidate] = []

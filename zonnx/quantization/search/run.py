@@ -196,6 +196,7 @@ def quantize_with_budget(
             if trials_per_round is None
             else trials_per_round,
             order=order,
+            baseline=corrected.chosen if corrected is not None else None,
         )
     result.ranges = ranges
     result.bias_correction = corrected
