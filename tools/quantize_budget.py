@@ -88,8 +88,8 @@ def run_budget_search(
     if result.bias_correction is not None:
         b = result.bias_correction
         console.print(
-            f"bias correction {'added' if b.kept else 'tried, not kept'}: {metric} {b.plain:.5f} -> "
-            f"{b.corrected:.5f} on the search samples (written to {config_path})",
+            f"bias correction {'added' if b.kept else 'tried, not kept'}: {metric} {b.plain.score:.5f} -> "
+            f"{b.changed.score:.5f} on the search samples (written to {config_path})",
             markup=False,
         )
     console.print(table)

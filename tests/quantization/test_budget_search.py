@@ -287,13 +287,13 @@ def test_bias_correction_is_tried_before_any_layer_is_raised(digits: Path, tmp_p
         digits, tmp_path / "q.onnx", _feeds(32), _config(), **kwargs
     )
     trial = result.bias_correction
-    assert trial is not None and trial.corrected > trial.plain and trial.kept
-    assert result.baseline is trial.chosen and result.baseline.score == trial.corrected  # scored once
+    assert trial is not None and trial.changed.score > trial.plain.score and trial.kept
+    assert result.baseline is trial.chosen is trial.changed  # scored once
     assert "BiasCorrection = true" in config_path.read_text()
     _, off, off_config = quantize_with_budget(
         digits, tmp_path / "off.onnx", _feeds(32), _config(), bias_correction="off", **kwargs
     )
-    assert off.bias_correction is None and off.baseline.score == pytest.approx(trial.plain)
+    assert off.bias_correction is None and off.baseline.score == pytest.approx(trial.plain.score)
     assert "BiasCorrection" not in off_config.read_text()
     with pytest.raises(OptionError, match="bias_correction='maybe'"):
         quantize_with_budget(

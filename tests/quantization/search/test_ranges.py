@@ -113,7 +113,7 @@ def test_ranges_that_lower_the_metric_are_dropped(tmp_path: Path) -> None:
     for dpu-b4096, clipped ranges took char accuracy from 0.97 to 0.61)."""
     import dataclasses
 
-    from zonnx.quantization.search.run import _ranges_help
+    from zonnx.quantization.search.config_trial import try_config
     from zonnx.quantization.search.scorer import CandidateScorer
 
     src, stats = zoo.get("digits_cnn"), tmp_path / "stats.npz"
@@ -125,10 +125,16 @@ def test_ranges_that_lower_the_metric_are_dropped(tmp_path: Path) -> None:
         config=dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, save_stats=str(stats))),
     )
     name = onnx.load(src).graph.input[0].name
-    clipped = {name: [{"scale": 2.0**-12, "zero_point": 0}]}  # the input's grid cut to 0.03: every pixel saturates
-    ranged = dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, tensor_quant_overrides=clipped))
-    scorer = CandidateScorer(src, ranged, stats, _feeds(24, 24), "cosine", calib_feeds=_feeds(16))
-    assert not _ranges_help(scorer, cfg, "cosine")
-    assert dict(scorer.base.extra.tensor_quant_overrides) == dict(cfg.extra.tensor_quant_overrides)
-    same = CandidateScorer(src, cfg, stats, _feeds(24, 24), "cosine", calib_feeds=_feeds(16))
-    assert _ranges_help(same, cfg, "cosine")  # no worse (equal): kept
+    clipped = {
+        name: [{"scale": 2.0**-12, "zero_point": 0}]
+    }  # the input's grid cut to 0.03: every pixel saturates
+    scorer = CandidateScorer(src, cfg, stats, _feeds(24, 24), "cosine", calib_feeds=_feeds(16))
+    plain_base = scorer.base
+    ranged = dataclasses.replace(
+        plain_base, extra=dataclasses.replace(plain_base.extra, tensor_quant_overrides=clipped)
+    )
+    trial = try_config(scorer, ranged)
+    assert not trial.kept and trial.changed.score < trial.plain.score and trial.chosen is trial.plain
+    assert scorer.base is plain_base
+    same = try_config(scorer, plain_base, plain=trial.plain)  # no worse (equal): kept, base scored once
+    assert same.kept and same.plain is trial.plain and same.changed.score == trial.plain.score

@@ -8,15 +8,20 @@ is quantized with the chosen overrides; the overrides are written next to it as 
 Range search (``range_search=True``): before any layer is raised, the ranges of the ``range_groups``
 most sensitive shared-scale groups (measured, ``measure.py``) are searched (``ranges.py``) on the first
 ``range_samples`` evaluation samples and validated on the next ``range_samples`` (kept only if they
-help there too); the clipped ranges become ``TensorQuantOverrides`` of the
-configuration every candidate and the final model are quantized with, and are written to the config
-file. On an int8-only target this is what the search tries before leaving layers float.
+help there too); then, as a configuration trial (``config_trial.py``), they stay only when the model
+quantized with them scores at least as well on the metric. Kept, the clipped ranges become
+``TensorQuantOverrides`` of the configuration every candidate and the final model are quantized with,
+and are written to the config file. On an int8-only target this is what the search tries before leaving
+layers float.
 
 Bias correction (``bias_correction="try"``, the default): when the configuration does not already
 correct biases, the search scores it with ``BiasCorrection`` on (empirical, from the calibration
 samples; TPU-MLIR's ``--bc``, Vitis's bias correction) and keeps it when it scores at least as well on
 the metric: it leaves every layer int8, so it is cheaper than any layer raised. It then holds for every
 candidate and the final model, and the config file says ``BiasCorrection = true``. ``"off"`` skips it.
+
+Each trial hands its kept configuration's scored candidate on (to the next trial, then to the search as
+its baseline), so no configuration is scored twice.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.bias_step import bias_correction_note, try_bias_correction
 from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
+from zonnx.quantization.search.config_trial import ConfigTrial, try_config
 from zonnx.quantization.search.executor import Executor
 from zonnx.quantization.search.measure import measure_groups, measured_order
 from zonnx.quantization.search.ranges import RangeSearch, search_ranges
@@ -147,8 +153,9 @@ def quantize_with_budget(
             )
         order = None
         ranges: RangeSearch | None = None
+        sens = []
+        keep = {t for pair in baseline.plan.removed.values() for t in pair}
         if order_by == "measured" or range_search:
-            keep = {t for pair in baseline.plan.removed.values() for t in pair}
             sens = measure_groups(
                 baseline.model,
                 baseline.prepared,
@@ -159,26 +166,34 @@ def quantize_with_budget(
             )
             if order_by == "measured":
                 order = measured_order(sens)
-            if range_search:
-                ranges = search_ranges(
-                    baseline.model, baseline.prepared, baseline.plan,
-                    [s.tensors for s in sorted(sens, key=lambda s: -s.noise)], held[:range_samples],
-                    groups=range_groups, keep=keep, validate=held[range_samples : 2 * range_samples],
-                )  # fmt: skip
-                unranged, config = config, _with_ranges(config, ranges)
         scorer = CandidateScorer(
             model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples,
             calib_feeds=calib,
         )  # fmt: skip
-        if ranges is not None and ranges.changed and not _ranges_help(scorer, unranged, metric):
-            config, ranges = unranged, None
+        start: Candidate | None = None  # the current configuration's scored candidate, once a trial scored it
+        if range_search:
+            ranges = search_ranges(
+                baseline.model, baseline.prepared, baseline.plan,
+                [s.tensors for s in sorted(sens, key=lambda s: -s.noise)], held[:range_samples],
+                groups=range_groups, keep=keep, validate=held[range_samples : 2 * range_samples],
+            )  # fmt: skip
+            if ranges.changed:
+                trial = try_config(scorer, _with_ranges(scorer.base, ranges))
+                start = trial.chosen
+                _log_ranges_trial(trial, metric)
+                if trial.kept:
+                    config = _with_ranges(config, ranges)
+                else:
+                    ranges = None
         corrected = None
         if bias_correction == "try" and not config.extra.bias_correction:
-            corrected = try_bias_correction(scorer, metric)
-            if corrected is not None and corrected.kept:
-                config = dataclasses.replace(
-                    config, extra=dataclasses.replace(config.extra, bias_correction=True)
-                )
+            corrected = try_bias_correction(scorer, metric, start)
+            if corrected is not None:
+                start = corrected.chosen
+                if corrected.kept:
+                    config = dataclasses.replace(
+                        config, extra=dataclasses.replace(config.extra, bias_correction=True)
+                    )
         result = search_budget(
             scorer,
             baseline.report,
@@ -196,7 +211,7 @@ def quantize_with_budget(
             if trials_per_round is None
             else trials_per_round,
             order=order,
-            baseline=corrected.chosen if corrected is not None else None,
+            baseline=start,
         )
     result.ranges = ranges
     result.bias_correction = corrected
@@ -224,32 +239,26 @@ def _with_ranges(config: QuantConfig, ranges: RangeSearch) -> QuantConfig:
     return dataclasses.replace(config, extra=dataclasses.replace(config.extra, tensor_quant_overrides=merged))
 
 
-def _ranges_help(scorer: CandidateScorer, unranged: QuantConfig, metric: str) -> bool:
-    """Rule: the searched ranges stay only when the quantized model with them (after the target's rules
-    and every algorithm of the config) scores at least as well on ``metric`` as without them: the search
-    judges output noise on a few samples, which can disagree with the task metric. Otherwise the
-    calibrated ranges are restored (``scorer`` too) and a warning says so."""
-    with_ranges = scorer.score({}).score
-    ranged_base = scorer.base
-    plain = unranged.extra.tensor_quant_overrides
-    scorer.base = dataclasses.replace(
-        ranged_base, extra=dataclasses.replace(ranged_base.extra, tensor_quant_overrides=plain)
-    )
-    without = scorer.score({}).score
-    if with_ranges >= without:
-        scorer.base = ranged_base
+def _log_ranges_trial(trial: ConfigTrial, metric: str) -> None:
+    """Say what the ranges' trial found: the searched ranges stay only when the quantized model with them
+    (after the target's rules and every algorithm of the config) scores at least as well on ``metric``
+    as without them, since the range search judges output noise on a few samples, which can disagree
+    with the task metric."""
+    if trial.kept:
         logger.info(
-            "range search: %s %.5f with the clipped ranges, %.5f without", metric, with_ranges, without
+            "range search: %s %.5f with the clipped ranges, %.5f without",
+            metric,
+            trial.changed.score,
+            trial.plain.score,
         )
-        return True
+        return
     logger.warning(
         "range search: the clipped ranges lower %s on the search samples (%.5f -> %.5f); the calibrated "
         "ranges are kept. Try more --calib samples, or leave --range-search off.",
         metric,
-        without,
-        with_ranges,
+        trial.plain.score,
+        trial.changed.score,
     )
-    return False
 
 
 def _ranges_note(ranges: RangeSearch | None) -> str:
