@@ -20,7 +20,10 @@ written. The corrected bias stays on its quantization grid:
 Order: **sequential**. Correcting a layer shifts the inputs of every layer after it, so layers are
 corrected level by level (level = 1 + the highest level among the corrected layers upstream), each level
 measured on the model with all earlier levels already corrected; the layers of one level cannot affect
-each other and share one run (runs = levels + 1). Correcting all layers from one measurement
+each other and share one run (runs = levels + 1). A level's run starts where the previous corrections
+changed the model (``level_runs.LevelRuns``): the nodes upstream of them keep their values, so on a deep
+chain (PP-OCR rec, 38 levels) the level runs cost about one pass of the model instead of one pass per
+level, with the same means and the same corrected model. Correcting all layers from one measurement
 (``sequential=False``) over-corrects: each layer also compensates for error that its upstream layers'
 corrections remove; on the zoo MobileNetV2 (FixNeuron, MinMSE, 8 samples) it dropped the in-sample logits
 SQNR from 10.3 to 3.0 dB where sequential correction raised it to 10.9 dB.
@@ -45,6 +48,7 @@ from zonnx.ir.io import to_proto
 from zonnx.passes.base import Changes
 from zonnx.passes.fusion.matching import const_array, label
 from zonnx.quantization.recovery.channel_means import ChannelProbe, output_sqnr
+from zonnx.quantization.recovery.level_runs import LevelRuns, initializer_override
 from zonnx.quantization.refine.base import fused_activations
 from zonnx.quantization.refine.positions import POS_RANGE, QuantGraph, Quantizer, Site
 from zonnx.quantization.refine.shift_cut import conv_sites
@@ -319,22 +323,35 @@ def correct_biases(
     record.runs = 2
     record.sqnr_before = output_sqnr(f_outs, q_outs)
     order = sorted({x.level for x in layers}) if sequential else [None]
+    # levels after the first: only what the previous corrections changed runs again (level_runs.py)
+    runs = LevelRuns(to_proto(model), feeds, layers=[x.tensor for x in layers], providers=providers)
     changed: set[ir.Node] = set()
+    rebuilt = False
     for i, level in enumerate(order):
         todo = [x for x in layers if level is None or x.level == level]
         if i:
-            q_means, _ = session.run(feeds, fix.overrides, [x.tensor for x in todo], with_outputs=False)
+            q_means = runs.means({x.tensor: x.rank for x in todo})
             record.runs += 1
-        rebuild = False
+        fixed: list[_Layer] = []
+        moved_any = False
         for layer in todo:
             done, moved = fix.apply(
                 layer, f_means[layer.float_tensor].mean(axis=0) - q_means[layer.tensor].mean(axis=0)
             )
             if done:
                 changed.add(layer.node)
-            rebuild |= moved
-        if rebuild:
-            session = probe()
+                fixed.append(layer)
+            moved_any |= moved
+        rebuilt |= moved_any
+        if i + 1 < len(order):
+            names = [x.quantizer.source.name for x in fixed]
+            if moved_any or any(n not in runs.initializers for n in names):
+                runs.set_model(to_proto(model))  # a position or an initializer's name changed
+            else:
+                initializer_override(runs.model, {n: fix.overrides[n] for n in names})
+            runs.corrected(names, [x.tensor for x in fixed], [x.tensor for x in todo])
+    if rebuilt:
+        session = probe()
     _, q_outs = session.run(feeds, fix.overrides, [])
     record.runs += 1
     record.layers, record.clipped, record.moved_positions = len(changed), fix.clipped, fix.moved

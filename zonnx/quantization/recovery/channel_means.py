@@ -9,7 +9,7 @@ them without building a new session (ORT treats such initializers as defaults).
 
 from __future__ import annotations
 
-__all__ = ["ChannelProbe", "output_sqnr"]
+__all__ = ["ChannelProbe", "add_channel_means", "channel_mean_name", "output_sqnr", "probe_session"]
 
 import math
 import os
@@ -24,8 +24,41 @@ from zonnx.errors import VerificationError, first_line
 from zonnx.ir.io import default_opset
 
 
-def _mean_suffix(name: str) -> str:
+def channel_mean_name(name: str) -> str:
+    """The output name of the per-channel mean of tensor ``name``."""
     return f"{name}__zonnx_channel_mean"
+
+
+def add_channel_means(model: onnx.ModelProto, tensors: Mapping[str, int]) -> None:
+    """Add ``ReduceMean(T, axes = all but 1, keepdims=0)`` of each tensor (name -> rank) as an output."""
+    graph = model.graph
+    new_axes_input = default_opset(model) >= 18
+    for name, rank in tensors.items():
+        axes = [0, *range(2, rank)]
+        out = channel_mean_name(name)
+        if new_axes_input:
+            axes_name = f"{out}_axes"
+            graph.initializer.append(numpy_helper.from_array(np.asarray(axes, np.int64), axes_name))
+            node = helper.make_node("ReduceMean", [name, axes_name], [out], keepdims=0)
+        else:
+            node = helper.make_node("ReduceMean", [name], [out], axes=axes, keepdims=0)
+        graph.node.append(node)
+        graph.output.append(onnx.ValueInfoProto(name=out))
+
+
+def probe_session(model: onnx.ModelProto, providers: Sequence[str], what: str) -> ort.InferenceSession:
+    """An ORT session that runs ``model`` as written (basic optimizations: fake quantization in float),
+    on ``ZONNX_THREADS`` threads; a model ORT cannot load is one clear error naming ``what``."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
+    try:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=list(providers))
+    except Exception as e:  # ORT's exception classes share no public base
+        raise VerificationError(
+            f"{what}: onnxruntime cannot load the probe model ({first_line(e)})."
+        ) from None
 
 
 class ChannelProbe:
@@ -48,35 +81,15 @@ class ChannelProbe:
         graph = proto.graph
         self.outputs = [o.name for o in graph.output]
         self.tensors = dict(tensors)
-        new_axes_input = default_opset(proto) >= 18
-        for name, rank in self.tensors.items():
-            axes = [0, *range(2, rank)]
-            out = _mean_suffix(name)
-            if new_axes_input:
-                axes_name = f"{out}_axes"
-                graph.initializer.append(numpy_helper.from_array(np.asarray(axes, np.int64), axes_name))
-                node = helper.make_node("ReduceMean", [name, axes_name], [out], keepdims=0)
-            else:
-                node = helper.make_node("ReduceMean", [name], [out], axes=axes, keepdims=0)
-            graph.node.append(node)
-            graph.output.append(onnx.ValueInfoProto(name=out))
+        add_channel_means(proto, self.tensors)
         inits = {i.name: i for i in graph.initializer}
         have = {i.name for i in graph.input}
         for name in overridable:
             if name in inits and name not in have:
                 init = inits[name]
                 graph.input.append(helper.make_tensor_value_info(name, init.data_type, list(init.dims)))
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 4
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        opts.intra_op_num_threads = int(os.environ.get("ZONNX_THREADS", "0"))
         self.what = what
-        try:
-            self.session = ort.InferenceSession(proto.SerializeToString(), opts, providers=list(providers))
-        except Exception as e:  # ORT's exception classes share no public base
-            raise VerificationError(
-                f"{what}: onnxruntime cannot load the probe model ({first_line(e)})."
-            ) from None
+        self.session = probe_session(proto, providers, what)
         self._inputs = {i.name for i in self.session.get_inputs()}
 
     def run(
@@ -89,7 +102,7 @@ class ChannelProbe:
         """Per-sample channel means ``[samples, C]`` of ``tensors`` (default: all), and the model outputs of
         each feed when ``with_outputs``. ORT runs only the nodes the requested values need."""
         wanted = list(self.tensors if tensors is None else tensors)
-        names = (self.outputs if with_outputs else []) + [_mean_suffix(n) for n in wanted]
+        names = (self.outputs if with_outputs else []) + [channel_mean_name(n) for n in wanted]
         rows: dict[str, list[np.ndarray]] = {n: [] for n in wanted}
         outputs: list[list[np.ndarray]] = []
         for i, feed in enumerate(feeds):
