@@ -7,15 +7,18 @@ disjoint splits: calibration, search evaluation (the ``eval_feeds`` of the searc
 Per target:
 1. Plain: ``quantize_static(**target_quantize_kwargs(T))`` (the ``zonnx quantize --target`` recipe).
 2. Budgeted: ``quantize_with_budget`` with the same recipe, ``char-accuracy-stripped`` (agreement with
-   float's decoded text, leading and trailing spaces ignored, as the test score below ignores them:
-   strict agreement charges a candidate for not repeating float's stray margin spaces), budget 0.5 points, the input shapes fixed (NPU share as compiled), layers ordered by
+   float's decoded text, leading and trailing spaces ignored: strict agreement charges a candidate for
+   not repeating float's stray margin spaces, so with ``char-accuracy`` no candidate meets the budget on
+   the search lines and the search keeps its largest one), budget 0.5 points, the input shapes fixed
+   (NPU share as compiled), layers ordered by
    measured sensitivity (``order_by="measured"``, on 2 search lines) and at most ``SEARCH_LAYERS`` raised,
    candidates scored on ``search`` lines and the choice confirmed on every search-evaluation line, at
    least 90% of MACs on the NPU. Its wall time is the search time.
 3. Each model is compiled with ``compile_model(input_shapes=)`` and run by ``zonnx.InferenceSession``
    with ZonnxNPUExecutionProvider on the test lines; fake-quant runs in ORT (basic optimizations).
-Char accuracy against the rendered text, strict and with spaces removed. The peer is the float model on
-the same test lines; the target is within 0.5 points of it (ratio >= (float - 0.005) / float).
+Char accuracy against the rendered text, strict (the value and the verdict) and with every space removed
+(in the row's name). The peer is the float model on the same test lines; the target is within 0.5
+points of it (ratio >= (float - 0.005) / float).
 Quick: one target, a few lines.
 
 Run alone: ``python -m bench.runner npu_budget``. ``npu_budget_range``: the int8-only targets (bm1684x,
