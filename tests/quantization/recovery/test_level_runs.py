@@ -69,3 +69,43 @@ def test_subgraph_reads_of_the_enclosing_graph_are_found() -> None:
     )
     node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
     assert outer_scope_reads(node) == {"x", "w", "v"}
+
+
+def test_a_kept_value_a_subgraph_reads_is_fed_to_the_next_run() -> None:
+    """An If branch reads a kept tensor from the enclosing graph: the next request feeds it as an input."""
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "w0"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b0"),
+        numpy_helper.from_array(rng.standard_normal((2, 4, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "b1"),
+    ]
+    out = helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, None)
+    then = helper.make_graph([helper.make_node("Relu", ["a0"], ["t"])], "then", [], [out])
+    other = helper.make_graph([helper.make_node("Neg", ["a0"], ["t"])], "else", [], [out])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w0", "b0"], ["a0"]),
+            helper.make_node("If", ["c"], ["r"], then_branch=then, else_branch=other),
+            helper.make_node("Conv", ["r", "w1", "b1"], ["y"]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 4, 4]),
+            helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    feeds = [
+        {"x": rng.standard_normal((1, 3, 4, 4)).astype(np.float32), "c": np.array(flag)}
+        for flag in (True, False)
+    ]
+    runs = LevelRuns(model, feeds, layers=["a0", "y"])
+    runs.means({"a0": 4})
+    runs.corrected([], [], ["a0"])  # nothing changed: a0 stays valid and kept for the If
+    got = runs.means({"y": 4})
+    assert runs.last_nodes == 2  # the If and the second Conv, fed the kept a0
+    want, _ = ChannelProbe(model, {"y": 4}).run(feeds, with_outputs=False)
+    np.testing.assert_array_equal(got["y"], want["y"])

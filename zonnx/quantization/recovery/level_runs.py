@@ -106,7 +106,7 @@ class LevelRuns:
             {
                 n
                 for i in order
-                for n in self.nodes[i].input
+                for n in self.reads[i]
                 if n and n not in produced and n not in self.initializers
             }
         )
@@ -159,7 +159,7 @@ class LevelRuns:
                     continue
                 stack.append(p)
         for i in todo:
-            for name in self.nodes[i].input:
+            for name in self.reads[i]:
                 if (
                     name
                     and name not in self.producer
