@@ -44,6 +44,8 @@ def _noise(model: onnx.ModelProto, prepared: onnx.ModelProto, feeds: list) -> fl
 def searched():
     src = zoo.get("digits_cnn")
     kwargs = target_quantize_kwargs(TARGET)
+    # the range search alone: bias correction (in the recipe) moves the baseline this test measures from
+    kwargs["extra_options"] = {**kwargs["extra_options"], "BiasCorrection": False}
     plain = zonnx.quantize_static(src, None, ListReader(_feeds(16)), **kwargs)
     keep = {t for pair in plain.plan.removed.values() for t in pair}
     sens = measure_groups(
@@ -65,10 +67,10 @@ def searched():
 
 def test_the_search_lowers_output_noise_with_power_of_two_ratios(searched) -> None:
     _, _, plain, ranges = searched
-    # measured: 8.1e-4 -> 4.7e-4 on these 4 samples, 5 of 8 groups one position wider
+    # measured (bias correction off): 8.1e-4 -> 5.7e-4 on these 4 samples, validated 7.9e-4 -> 6.8e-4
     assert ranges.noise < 0.75 * ranges.plain_noise
-    assert ranges.changed >= 2 and len(ranges.choices) == 8
-    assert ranges.kept and ranges.validation[1] < 0.95 * ranges.validation[0]  # measured 5.19e-4 -> 4.80e-4
+    assert ranges.changed >= 1 and len(ranges.choices) == 8
+    assert ranges.kept and ranges.validation[1] < 0.9 * ranges.validation[0]
     assert {c.ratio for c in ranges.choices} <= set(POF2_RATIOS)
     for name, [entry] in ranges.overrides.items():
         scale = float(plain.plan.tensors[name].params.scale)
@@ -84,8 +86,8 @@ def test_the_overrides_round_trip_and_the_model_is_better_on_held_out_samples(se
             assert float(again.plan.tensors[member].params.scale) == entry["scale"]
             assert 2.0 ** -int(again.plan.tensors[member].params.pos) == entry["scale"]
     held = _feeds(28, 20)  # samples neither calibration nor the search saw
-    # measured: 6.7e-4 plain, 3.1e-4 with the searched ranges
-    assert _noise(again.model, again.prepared, held) < 0.6 * _noise(plain.model, plain.prepared, held)
+    # measured (bias correction off): 8.5e-4 plain, 5.9e-4 with the searched ranges
+    assert _noise(again.model, again.prepared, held) < 0.75 * _noise(plain.model, plain.prepared, held)
 
 
 def test_the_search_config_carries_the_ranges(searched, tmp_path: Path) -> None:
