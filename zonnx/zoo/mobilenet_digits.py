@@ -54,9 +54,8 @@ from torch import nn
 from torch.nn import functional
 
 from zonnx.hostcpu import cpu_name, host_isa
-from zonnx.ir.io import save_model
-from zonnx.zoo.digits import digits_data, evaluate_top1
-from zonnx.zoo.torch_models import IMAGENET_MEAN, IMAGENET_STD, MobileNetV2, export_legacy, torch_threads
+from zonnx.zoo.digits import digits_data, export_image_classifier
+from zonnx.zoo.torch_models import IMAGENET_MEAN, IMAGENET_STD, MobileNetV2, torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -161,28 +160,18 @@ def export_mobilenetv2_digits(model: MobileNetV2, path: Path, seconds: float) ->
     """Export the trained ``model`` to ``path`` with its metadata and its test accuracy measured in ORT."""
     start = time.perf_counter()
     x_te, y_te = mobilenet_digits_data("test")
-    proto = export_legacy(
-        model,
-        (torch.from_numpy(x_te[:1]),),
-        None,
-        input_names=["input"],
-        output_names=["logits"],
-        dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}},
-        metadata={
-            "zonnx.zoo": "mobilenetv2_digits",
-            "zonnx.width": str(WIDTH),
-            "zonnx.input_size": str(SIZE),
-            "zonnx.trained": f"{EPOCHS} epochs x {len(digits_data('train')[0])} digits (AdamW, lr {LR:g}, batch "
-            f"{BATCH}, BatchNorm frozen from epoch {FREEZE_BN}, no augmentation, one thread)",
-            "zonnx.train_seconds": f"{seconds:.0f}",
-            "zonnx.test_samples": str(len(x_te)),
-            "zonnx.seed": str(SEED),
-            "zonnx.train_host": f"{cpu_name()}, {host_isa()}",
-        },
-    )
-    accuracy = evaluate_top1(proto, x_te, y_te)
-    proto.metadata_props.add(key="zonnx.test_accuracy", value=f"{accuracy:.4f}")
-    save_model(proto, path)
+    metadata = {
+        "zonnx.zoo": "mobilenetv2_digits",
+        "zonnx.width": str(WIDTH),
+        "zonnx.input_size": str(SIZE),
+        "zonnx.trained": f"{EPOCHS} epochs x {len(digits_data('train')[0])} digits (AdamW, lr {LR:g}, batch "
+        f"{BATCH}, BatchNorm frozen from epoch {FREEZE_BN}, no augmentation, one thread)",
+        "zonnx.train_seconds": f"{seconds:.0f}",
+        "zonnx.test_samples": str(len(x_te)),
+        "zonnx.seed": str(SEED),
+        "zonnx.train_host": f"{cpu_name()}, {host_isa()}",
+    }
+    accuracy = export_image_classifier(model, path, metadata, x_te, y_te)
     logger.info(
         "built %s in %.1f s (training %.1f s), test accuracy %.4f",
         path,
