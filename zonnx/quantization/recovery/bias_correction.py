@@ -308,31 +308,32 @@ def correct_biases(
     del reference
     fix = _Corrector(model, graph, target)
 
-    def probe() -> ChannelProbe:
+    def probe(proto: onnx.ModelProto) -> ChannelProbe:
         sources = [x.quantizer.source.name for x in layers]
         return ChannelProbe(
-            to_proto(model),
+            proto,
             {x.tensor: x.rank for x in layers},
             overridable=sources,
             providers=providers,
             what="quantized model",
         )
 
-    session = probe()
+    proto = to_proto(model)  # ChannelProbe copies it; LevelRuns then updates it in place
+    session = probe(proto)
     q_means, q_outs = session.run(feeds)
     record.runs = 2
     record.sqnr_before = output_sqnr(f_outs, q_outs)
     order = sorted({x.level for x in layers}) if sequential else [None]
     # levels after the first: only what the previous corrections changed runs again (level_runs.py)
-    runs = LevelRuns(to_proto(model), feeds, layers=[x.tensor for x in layers], providers=providers)
+    runs = LevelRuns(proto, feeds, layers=[x.tensor for x in layers], providers=providers) if len(order) > 1 else None
     changed: set[ir.Node] = set()
     rebuilt = False
     for i, level in enumerate(order):
         todo = [x for x in layers if level is None or x.level == level]
-        if i:
+        if i and runs is not None:
             q_means = runs.means({x.tensor: x.rank for x in todo})
             record.runs += 1
-        fixed: list[_Layer] = []
+        fixed: list[_Layer] = []  # layers whose bias value or position changed: their outputs move
         moved_any = False
         for layer in todo:
             done, moved = fix.apply(
@@ -340,10 +341,11 @@ def correct_biases(
             )
             if done:
                 changed.add(layer.node)
+            if done or moved:
                 fixed.append(layer)
             moved_any |= moved
         rebuilt |= moved_any
-        if i + 1 < len(order):
+        if runs is not None and i + 1 < len(order):
             names = [x.quantizer.source.name for x in fixed]
             if moved_any or any(n not in runs.initializers for n in names):
                 runs.set_model(to_proto(model))  # a position or an initializer's name changed
@@ -351,7 +353,7 @@ def correct_biases(
                 initializer_override(runs.model, {n: fix.overrides[n] for n in names})
             runs.corrected(names, [x.tensor for x in fixed], [x.tensor for x in todo])
     if rebuilt:
-        session = probe()
+        session = probe(to_proto(model))
     _, q_outs = session.run(feeds, fix.overrides, [])
     record.runs += 1
     record.layers, record.clipped, record.moved_positions = len(changed), fix.clipped, fix.moved

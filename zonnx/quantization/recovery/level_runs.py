@@ -19,7 +19,7 @@ float additions ORT picks for a different graph.
 
 from __future__ import annotations
 
-__all__ = ["LevelRuns", "initializer_override", "outer_scope_reads"]
+__all__ = ["LevelRuns", "initializer_override"]
 
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from zonnx.backend.graph_reads import node_reads
 from zonnx.errors import VerificationError, first_line
 from zonnx.quantization.recovery.channel_means import add_channel_means, channel_mean_name, probe_session
 
@@ -58,7 +59,7 @@ class LevelRuns:
         self.model = model
         graph = model.graph
         self.nodes = list(graph.node)
-        self.reads = [[*node.input, *sorted(outer_scope_reads(node))] for node in self.nodes]
+        self.reads = [node_reads(node) for node in self.nodes]  # outer-scope names of bodies too
         self.producer: dict[str, int] = {}
         self.readers: dict[str, list[int]] = {}
         for i, node in enumerate(self.nodes):
@@ -213,16 +214,3 @@ def initializer_override(model: onnx.ModelProto, values: Mapping[str, np.ndarray
                 numpy_helper.from_array(np.asarray(values[init.name]), init.name)
             )
 
-
-def outer_scope_reads(node: onnx.NodeProto) -> set[str]:
-    """Names the subgraphs of ``node`` (If, Loop, Scan bodies) read from the enclosing graph."""
-    found: set[str] = set()
-    for attr in node.attribute:
-        for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-            defined = {v.name for v in sub.input} | {t.name for t in sub.initializer}
-            for inner in sub.node:
-                for name in [*inner.input, *outer_scope_reads(inner)]:
-                    if name and name not in defined:
-                        found.add(name)
-                defined.update(inner.output)
-    return found
