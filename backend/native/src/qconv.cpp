@@ -536,30 +536,38 @@ struct QConvKernel {
     zw.assign(static_cast<size_t>(panels * kPanel), 0);
     zw64.assign(static_cast<size_t>(panels * kPanel), 0);
     xm.assign(static_cast<size_t>(panels * kPanel), 0);
-    for (int64_t pn = 0; pn < panels; ++pn) {
-      const int64_t o0 = pn * kPanel;
-      int8_t* dst = packed.data() + pn * kp * kPanel;
-      for (int64_t q = 0; q < kp / 4; ++q)
-        for (int j = 0; j < kPanel; ++j)
-          for (int t = 0; t < 4; ++t) {
-            const int64_t kk = 4 * q + t, oc = o0 + j;
-            dst[(q * kPanel + j) * 4 + t] = (kk < kdim && oc < o) ? w[kk * o + oc] : 0;
-          }
+    // Weight sums and magnitudes per channel, row by row (rows of w are contiguous; |sum| < k 128 < 2^31).
+    std::vector<int32_t> sum(static_cast<size_t>(o), 0), mag(static_cast<size_t>(o), 0);
+    for (int64_t kk = 0; kk < kdim; ++kk) {
+      const int8_t* row = w + kk * o;
+      for (int64_t oc = 0; oc < o; ++oc) {
+        sum[static_cast<size_t>(oc)] += row[oc];
+        mag[static_cast<size_t>(oc)] += row[oc] < 0 ? -row[oc] : row[oc];
+      }
+    }
+    // packed[pn][q][j][t] = w[4 q + t][pn kPanel + j]: four rows at a time, so the writes run in order
+    // (zero past k and o, from assign).
+    for (int64_t q = 0; q < kp / 4; ++q) {
+      const int8_t* rows[4];
+      for (int t = 0; t < 4; ++t) rows[t] = 4 * q + t < kdim ? w + (4 * q + t) * o : nullptr;
+      for (int64_t pn = 0; pn < panels; ++pn) {
+        const int64_t o0 = pn * kPanel, n = std::min<int64_t>(kPanel, o - o0);
+        int8_t* dst = packed.data() + (pn * kp + 4 * q) * kPanel;
+        for (int t = 0; t < 4; ++t) {
+          if (rows[t] == nullptr) continue;
+          const int8_t* src = rows[t] + o0;
+          for (int64_t j = 0; j < n; ++j) dst[4 * j + t] = src[j];
+        }
+      }
     }
     for (int64_t oc = 0; oc < o; ++oc) {
-      int64_t sum = 0;
-      int64_t mag = 0;
-      for (int64_t kk = 0; kk < kdim; ++kk) {
-        sum += w[kk * o + oc];
-        mag += std::abs(static_cast<int64_t>(w[kk * o + oc]));
-      }
-      xm[static_cast<size_t>(oc)] = mag * std::max<int64_t>(xzp, 255 - xzp);
-      zw[static_cast<size_t>(oc)] = static_cast<int32_t>(wide ? 0 : xzp * sum);
-      zw64[static_cast<size_t>(oc)] = xzp * sum;
+      const int64_t total = sum[static_cast<size_t>(oc)];
+      xm[static_cast<size_t>(oc)] = mag[static_cast<size_t>(oc)] * std::max<int64_t>(xzp, 255 - xzp);
+      zw[static_cast<size_t>(oc)] = static_cast<int32_t>(wide ? 0 : xzp * total);
+      zw64[static_cast<size_t>(oc)] = xzp * total;
     }
   }
 
-  // The im2col rows of output positions [r0, r0 + rows) into col (kp bytes each, tail zero).
   // The im2col rows of output positions [r0, r0 + rows) into col (kp bytes each, tail zero). Positions are
   // taken in runs of one output row; per kernel row i the interior positions of a run (whole kernel row
   // inside the input, dw == 1) copy kw c bytes each with only pointer steps, the edges tap by tap.
