@@ -1,9 +1,11 @@
 """The compiled-model cache: ``<cache_dir>/<cache_key>/`` holds a compiled model and what it was made from.
 
 An entry is a folder with ``compiled.onnx`` (the compiled model, see ``zonnx.backend.compiled``),
-optionally ``executable.onnx`` (its ORT-native lowering, so a warm session skips lowering too) and
-``entry.json``: the key, the sha256 of the source model bytes, the target (name and sha256 of its file),
-the zonnx version, the program format version and the sha256 of each stored file.
+optionally ``executable.onnx`` with ``executable.data`` (its ORT-native lowering, so a warm session skips
+lowering too: the light graph, and its weights at page-aligned offsets, which ORT maps from the file instead
+of parsing them out of the protobuf) and ``entry.json``: the key, the sha256 of the source model bytes, the
+target (name and sha256 of its file), the zonnx version, the program format version and the sha256 of each
+stored file.
 
 Rules. The default key is a hash of the source model bytes, the target file and the zonnx version (as
 VOE's default key is the model's MD5). An entry is used only when every recorded field matches the
@@ -27,6 +29,8 @@ program.
 from __future__ import annotations
 
 __all__ = [
+    "EXECUTABLE",
+    "EXECUTABLE_DATA",
     "ModelCache",
     "default_cache_dir",
     "default_key",
@@ -47,6 +51,7 @@ from typing import Any
 import onnx
 
 from zonnx import __version__
+from zonnx.backend.compiled_store import split_executable
 from zonnx.backend.compiler.program import FORMAT_VERSION
 from zonnx.backend.targets import Target
 from zonnx.errors import OptionError
@@ -57,10 +62,17 @@ logger = logging.getLogger(__name__)
 ENTRY = "entry.json"
 COMPILED = "compiled.onnx"
 EXECUTABLE = "executable.onnx"
+EXECUTABLE_DATA = "executable.data"
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file's bytes, read in chunks (no copy of the whole file)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def target_digest(target: Target) -> str:
@@ -182,11 +194,8 @@ class ModelCache:
                     return None
             exe = None
             same = executable_id and entry.get("executable_id") == executable_id
-            if same and EXECUTABLE in files and (self.folder / EXECUTABLE).is_file():
-                exe = (self.folder / EXECUTABLE).read_bytes()
-                if sha256_bytes(exe) != files[EXECUTABLE]:
-                    logger.warning("cache entry %s: %s is corrupted; lowering again", self.folder, EXECUTABLE)
-                    exe = None
+            if same and {EXECUTABLE, EXECUTABLE_DATA} <= files.keys():
+                exe = self._read_executable(files)
             model = None
             if exe is None:  # the compiled model is needed now; else read on demand (load_compiled)
                 model = self.load_compiled()
@@ -200,6 +209,22 @@ class ModelCache:
             return None
         logger.info("cache entry %s: hit", self.folder)
         return model, exe
+
+    def _read_executable(self, files: dict[str, str]) -> bytes | None:
+        """The stored executable's light graph when it and its data file match their sha256, else None
+        (with a warning: the caller lowers the compiled model again)."""
+        light_path, data_path = self.folder / EXECUTABLE, self.folder / EXECUTABLE_DATA
+        if not (light_path.is_file() and data_path.is_file()):
+            return None
+        light = light_path.read_bytes()
+        if sha256_bytes(light) != files[EXECUTABLE]:
+            bad = EXECUTABLE
+        elif sha256_file(data_path) != files[EXECUTABLE_DATA]:
+            bad = EXECUTABLE_DATA
+        else:
+            return light
+        logger.warning("cache entry %s: %s is corrupted; lowering again", self.folder, bad)
+        return None
 
     def load_compiled(self) -> onnx.ModelProto | None:
         """The entry's compiled model after its sha256 check, or None (with the reason logged)."""
@@ -225,9 +250,13 @@ class ModelCache:
             return None
 
     def store(
-        self, compiled: onnx.ModelProto, executable: bytes | None = None, executable_id: str = ""
+        self,
+        compiled: onnx.ModelProto,
+        executable: onnx.ModelProto | None = None,
+        executable_id: str = "",
     ) -> bool:
-        """Write the entry; on any OS error warn, turn caching off and return False."""
+        """Write the entry (the executable as its light graph and data file, ``split_executable``); on any OS
+        error warn, turn caching off and return False."""
         if not self.enabled:
             return False
         try:
@@ -237,8 +266,10 @@ class ModelCache:
             (self.folder / ENTRY).unlink(missing_ok=True)  # no valid entry while files change
             write_bytes_atomic(self.folder / COMPILED, blob)
             if executable is not None:
-                write_bytes_atomic(self.folder / EXECUTABLE, executable)
-                files[EXECUTABLE] = sha256_bytes(executable)
+                light, data = split_executable(executable, EXECUTABLE_DATA)
+                write_bytes_atomic(self.folder / EXECUTABLE_DATA, data)
+                write_bytes_atomic(self.folder / EXECUTABLE, light)
+                files[EXECUTABLE], files[EXECUTABLE_DATA] = sha256_bytes(light), sha256_bytes(data)
             entry = {**self.expect, "files": files, "executable_id": executable_id if executable else ""}
             info = {p.key: p.value for p in compiled.metadata_props}
             entry["partition"] = info.get("zonnx.partition")

@@ -27,11 +27,13 @@ __all__ = [
     "lowered_model",
     "needs_external",
     "save_compiled",
+    "split_executable",
     "stored_executable",
 ]
 
 import functools
 import hashlib
+import io
 import json
 import logging
 import os
@@ -134,6 +136,21 @@ def _externalize_model(model: onnx.ModelProto, writer: _DataWriter) -> None:
     for tensor in onnx.external_data_helper._get_all_tensors(model):
         if tensor.ByteSize() >= _MIN_EXTERNAL:
             writer.externalize(tensor)
+
+
+def split_executable(exe: onnx.ModelProto, location: str) -> tuple[bytes, bytes]:
+    """(light protobuf, data) of a lowered model: its initializers of 1 KiB or more move to ``ALIGN``-aligned
+    offsets of the data, which the light graph names ``location`` (ORT maps them from the file of that name
+    in the folder it is told); ``exe`` is not changed."""
+    light = onnx.ModelProto()
+    light.CopyFrom(exe)
+    light.ir_version = min(light.ir_version, MAX_IR_VERSION)
+    buf = io.BytesIO()
+    writer = _DataWriter(buf, location)
+    for tensor in light.graph.initializer:
+        if tensor.ByteSize() >= _MIN_EXTERNAL:
+            writer.externalize(tensor)
+    return light.SerializeToString(), buf.getvalue()
 
 
 def needs_external(model: onnx.ModelProto) -> bool:

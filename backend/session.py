@@ -3,7 +3,9 @@
 Creation: a model that is not compiled yet is partitioned and compiled for the target
 (``compile_model``), through the cache ``cache_dir/cache_key`` (``zonnx.backend.cache``); a compiled
 model is used as is. Execution: every ``NpuSubgraph`` node is replaced by its ORT-native integer ops
-(``lower_program``) and ONE ``onnxruntime.InferenceSession`` runs the whole model, CPU nodes included.
+(``lower_program``, in ``compiled_store.lowered_model``) and ONE ``onnxruntime.InferenceSession`` runs the
+whole model, CPU nodes included; a cache hit opens the entry's stored executable, whose weights ORT maps
+from its data file.
 ``executor="reference"`` instead runs NPU programs with the numpy reference executor between ORT
 sessions over the CPU parts (``zonnx.backend.runtime.staged``-like stages, for debugging and for checking
 the lowering bit for bit). The session logs and keeps (``partition``) which nodes run where and why.
@@ -41,7 +43,6 @@ __all__ = [
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
@@ -56,6 +57,7 @@ import onnx
 import onnxruntime as ort
 
 from zonnx.backend.cache import (
+    EXECUTABLE,
     ModelCache,
     default_cache_dir,
     default_key,
@@ -66,10 +68,9 @@ from zonnx.backend.compiled import (
     CompiledModelError,
     compiled_info,
     is_compiled,
-    lower_npu_nodes,
     partition_from_dict,
 )
-from zonnx.backend.compiled_store import EXECUTABLE_KEY, lowering_id, stored_executable
+from zonnx.backend.compiled_store import EXECUTABLE_KEY, lowered_model, lowering_id, stored_executable
 from zonnx.backend.native import NativeStatus, choose_kernels, register_library
 from zonnx.backend.partition import Partition, check_coverage
 from zonnx.backend.provider_options import (
@@ -79,8 +80,7 @@ from zonnx.backend.provider_options import (
     parse_provider_options,
     provider_table,
 )
-from zonnx.backend.runtime.ort_lowering import lower_program
-from zonnx.backend.staged import ORT_TYPES, StagedExecutor, ort_cpu_session
+from zonnx.backend.staged import ORT_TYPES, StagedExecutor, open_executable, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
 from zonnx.ir.io import check_external_files, check_structure, external_data_locations, load_proto
@@ -125,6 +125,8 @@ def _read(path_or_bytes: Any) -> tuple[bytes, str]:
         data = path.read_bytes()
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot be read ({e.strerror}).") from None
+    if b"location" not in data:  # every external-data reference holds the key "location": none here
+        return data, str(path)
     try:
         light = onnx.load_from_string(data)
         refs = external_data_locations(light)
@@ -153,10 +155,6 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
 def _lowering_id(native: NativeStatus | None = None) -> str:
     """Keys cached lowered models (``compiled_store.lowering_id``)."""
     return lowering_id(native)
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
 
 
 def summary_line(part: Partition) -> str:
@@ -265,7 +263,7 @@ class InferenceSession:
             if not self._open_stored(compiled, mode, where):
                 if external_data_locations(compiled):  # the programs are in the data file: read them
                     compiled = load_proto(where)
-                self._build(compiled, None, mode, where)
+                self._build(compiled, False, mode, where)
             self._check_coverage(where)
             return
         target = load_target(opts.target)
@@ -280,9 +278,9 @@ class InferenceSession:
         if hit is not None:
             try:
                 self.from_cache = True
-                exe = self._build(hit[0], hit[1], mode, where)
-                if exe is not None and hit[1] is None:
-                    cache.store(hit[0], exe, exe_id)  # the entry gains this lowering
+                lowered = self._build(hit[0], hit[1] is not None, mode, where)
+                if lowered is not None:
+                    cache.store(hit[0], lowered, exe_id)  # the entry gains this lowering
                 self._check_coverage(where)
                 return
             except CompiledModelError as e:
@@ -290,7 +288,7 @@ class InferenceSession:
                 self.from_cache = False
         parsed = _parse(data, where)
         if is_compiled(parsed):
-            self._build(parsed, None, mode, where)
+            self._build(parsed, False, mode, where)
             self._check_coverage(where)
             return
         try:
@@ -311,8 +309,8 @@ class InferenceSession:
             logger.warning("%s: not quantized; every node runs on the CPU (fallback='cpu')", where)
             self._run_on_cpu(data)
             return
-        exe = self._build(compiled, None, mode, where)
-        cache.store(compiled, exe, exe_id)
+        lowered = self._build(compiled, False, mode, where)
+        cache.store(compiled, lowered, exe_id)
 
     def _open_stored(self, compiled: onnx.ModelProto, mode: str, where: str) -> bool:
         """Open the executable stored beside a compiled model saved with external data (``compiled_store``):
@@ -343,21 +341,27 @@ class InferenceSession:
             logger.info("%s: %s", where, summary_line(self.partition))
         return True
 
-    def _build(self, compiled: onnx.ModelProto, exe: bytes | None, mode: str, where: str) -> bytes | None:
-        """Set up the executor for a compiled model; returns the executable bytes (ORT mode)."""
+    def _build(
+        self, compiled: onnx.ModelProto, cached: bool, mode: str, where: str
+    ) -> onnx.ModelProto | None:
+        """Set up the executor for a compiled model; ``cached``: the cache entry holds its executable (ORT mode).
+        Returns the executable lowered now (for the cache), else None."""
         if compiled is not None:
             text = compiled_info(compiled).get("partition")
         else:
             text = self._cache.partition_json() if self._cache is not None else None
         partition = partition_from_dict(json.loads(text)) if text else None
+        lowered = None
         if mode == "ort":
             try:  # KernelError (no exact lowering) or ORT refusing the lowered model
                 native = self.kernels is not None and self.kernels.available
-                if exe is None:
-                    lower = functools.partial(lower_program, native=native)
-                    exe = lower_npu_nodes(compiled, lower, opset=_opset(compiled)).SerializeToString()
                 so = register_library(self._sess_options, self.kernels) if native else self._sess_options
-                self._ort, self._stages = ort_cpu_session(exe, so), None
+                if cached and self._cache is not None:  # ORT maps the weights from the entry's data file
+                    self._ort = open_executable(str(self._cache.folder / EXECUTABLE), so)
+                else:
+                    lowered = lowered_model(compiled, self.kernels if native else None)
+                    self._ort = open_executable(lowered.SerializeToString(), so)
+                self._stages = None
             except ZonnxError as e:
                 if self.options is None or self.options.executor != "auto":
                     raise
@@ -366,7 +370,7 @@ class InferenceSession:
                     where,
                     e,
                 )
-                mode, exe = "reference", None
+                mode, lowered = "reference", None
                 self.executor = mode
         if mode != "ort":
             if compiled is None and self._cache is not None:  # a cached executable ORT refused
@@ -381,7 +385,7 @@ class InferenceSession:
         self._providers = [NPU_PROVIDER, CPU_PROVIDER]
         if partition is not None:
             logger.info("%s: %s", where, summary_line(partition))
-        return exe
+        return lowered
 
     @property
     def compiled_model(self) -> onnx.ModelProto | None:

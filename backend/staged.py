@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ORT_TYPES", "StagedExecutor", "ort_cpu_session"]
+__all__ = ["ORT_TYPES", "StagedExecutor", "open_executable", "ort_cpu_session"]
 
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +34,13 @@ def ort_cpu_session(model: bytes, sess_options: ort.SessionOptions | None) -> or
         fixed = exact_integer_form(proto)
         if fixed is not proto:
             model = fixed.SerializeToString()
+    return open_executable(model, sess_options)
+
+
+def open_executable(model: bytes | str, sess_options: ort.SessionOptions | None) -> ort.InferenceSession:
+    """ORT's CPU session over a model already in this host's exact integer form (``ort_cpu_session``,
+    ``compiled_store.lowered_model``), given as bytes or as a file path (ORT then finds external data
+    beside it); ORT's refusal is a ZonnxError."""
     try:
         return ort.InferenceSession(model, sess_options, providers=[CPU_PROVIDER])
     except Exception as e:  # ORT raises its own exception types

@@ -16,7 +16,7 @@ from onnxruntime.quantization import QuantFormat, QuantType
 import zonnx
 from tests.backend.partition_models import quantize
 from zonnx import zoo
-from zonnx.backend.cache import COMPILED, ENTRY, EXECUTABLE
+from zonnx.backend.cache import COMPILED, ENTRY, EXECUTABLE, EXECUTABLE_DATA
 from zonnx.backend.session import InferenceSession, InvalidInputError
 from zonnx.errors import OptionError, UnsupportedModelError
 from zonnx.verify import exact_integer_form
@@ -151,6 +151,12 @@ def test_corrupted_and_stale_cache_entries_recompile(models, tmp_path: Path, cap
     with caplog.at_level(logging.WARNING):
         sess = _session(models["fix"], "dpu-b4096", tmp_path)
     assert sess.from_cache and "executable.onnx is corrupted" in caplog.text
+    assert np.array_equal(sess.run(None, {"input": x})[0], good)
+    _flip_byte(folder / EXECUTABLE_DATA)  # its weights, which ORT maps from the file: checked too
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        sess = _session(models["fix"], "dpu-b4096", tmp_path)
+    assert sess.from_cache and "executable.data is corrupted" in caplog.text
     assert np.array_equal(sess.run(None, {"input": x})[0], good)
     _flip_byte(folder / EXECUTABLE)
     _flip_byte(folder / COMPILED)
