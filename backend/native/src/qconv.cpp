@@ -545,18 +545,20 @@ struct QConvKernel {
         mag[static_cast<size_t>(oc)] += row[oc] < 0 ? -row[oc] : row[oc];
       }
     }
-    // packed[pn][q][j][t] = w[4 q + t][pn kPanel + j]: four rows at a time, so the writes run in order
-    // (zero past k and o, from assign).
+    // packed[pn][q][j][t] = w[4 q + t][pn kPanel + j]: four rows at a time, each channel's four bytes one
+    // 32-bit word (t = byte t), so the writes run in order (zero past k and o: a missing row reads zeros).
+    const std::vector<uint8_t> zeros(static_cast<size_t>(o), 0);
     for (int64_t q = 0; q < kp / 4; ++q) {
-      const int8_t* rows[4];
-      for (int t = 0; t < 4; ++t) rows[t] = 4 * q + t < kdim ? w + (4 * q + t) * o : nullptr;
+      const uint8_t* rows[4];
+      for (int t = 0; t < 4; ++t)
+        rows[t] = 4 * q + t < kdim ? reinterpret_cast<const uint8_t*>(w + (4 * q + t) * o) : zeros.data();
       for (int64_t pn = 0; pn < panels; ++pn) {
         const int64_t o0 = pn * kPanel, n = std::min<int64_t>(kPanel, o - o0);
         int8_t* dst = packed.data() + (pn * kp + 4 * q) * kPanel;
-        for (int t = 0; t < 4; ++t) {
-          if (rows[t] == nullptr) continue;
-          const int8_t* src = rows[t] + o0;
-          for (int64_t j = 0; j < n; ++j) dst[4 * j + t] = src[j];
+        for (int64_t j = 0; j < n; ++j) {
+          const uint32_t word = uint32_t{rows[0][o0 + j]} | uint32_t{rows[1][o0 + j]} << 8 |
+                                uint32_t{rows[2][o0 + j]} << 16 | uint32_t{rows[3][o0 + j]} << 24;
+          std::memcpy(dst + 4 * j, &word, 4);
         }
       }
     }
