@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from zonnx.backend.graph_reads import node_reads
 from zonnx.converters.common import (
     DEFAULT_MIN_COSINE,
     ConversionError,
@@ -101,17 +102,6 @@ def _typed(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]] | None)
     return to_proto(ir_model)
 
 
-def _subgraph_names(node: onnx.NodeProto) -> set[str]:
-    """Every tensor name a node's subgraphs read (outer-scope references included, conservatively)."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            for n in g.node:
-                names.update(n.input)
-                names |= _subgraph_names(n)
-    return names
-
-
 def cut_model(
     model: onnx.ModelProto,
     inputs: Sequence[str] | None,
@@ -149,9 +139,8 @@ def cut_model(
         if node is None:
             continue  # an original graph input the cut still reads
         needed.append(node)
-        stack.extend(node.input)
-        stack.extend(_subgraph_names(node))
-    used = {x for n in needed for x in [*n.input, *_subgraph_names(n)]} | set(out_names)
+        stack.extend(node_reads(node))
+    used = {x for n in needed for x in node_reads(n)} | set(out_names)
     unused = [n for n in in_names if n not in used]
     if unused:
         raise OptionError(

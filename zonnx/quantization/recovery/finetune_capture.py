@@ -31,22 +31,11 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from zonnx.backend.graph_reads import node_reads
 from zonnx.errors import first_line
 from zonnx.quantization.calibration.readers import CalibrationError
 
 logger = logging.getLogger(__name__)
-
-
-def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    """Names a node's subgraphs read from the outer scope (approximated by every name they read)."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        graphs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
-        for g in graphs:
-            for n in g.node:
-                names.update(i for i in n.input if i)
-                names |= _subgraph_inputs(n)
-    return names
 
 
 class SegmentRunner:
@@ -74,7 +63,7 @@ class SegmentRunner:
         self._const: list[bool] = []
         const_values = set(self._inits)
         for i, node in enumerate(self._nodes):
-            reads = {x for x in node.input if x} | _subgraph_inputs(node)
+            reads = set(node_reads(node))
             self._reads.append(reads)
             is_const = reads <= const_values
             self._const.append(is_const)
