@@ -21,7 +21,7 @@ Order: **sequential**. Correcting a layer shifts the inputs of every layer after
 corrected level by level (level = 1 + the highest level among the corrected layers upstream), each level
 measured on the model with all earlier levels already corrected; the layers of one level cannot affect
 each other and share one run (runs = levels + 1). A level's run starts where the previous corrections
-changed the model (``level_runs.LevelRuns``): the nodes upstream of them keep their values, so on a deep
+changed the model (``graph_runs.GraphRuns``): the nodes upstream of them keep their values, so on a deep
 chain (PP-OCR rec, 38 levels) the level runs cost about one pass of the model instead of one pass per
 level, with the same means and the same corrected model. Correcting all layers from one measurement
 (``sequential=False``) over-corrects: each layer also compensates for error that its upstream layers'
@@ -36,6 +36,7 @@ from __future__ import annotations
 __all__ = ["BiasCorrectionRecord", "correct_biases", "CORRECTED_OPS"]
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -47,8 +48,8 @@ from zonnx.backend.targets import Target
 from zonnx.ir.io import to_proto
 from zonnx.passes.base import Changes
 from zonnx.passes.fusion.matching import const_array, label
-from zonnx.quantization.recovery.channel_means import ChannelProbe, output_sqnr
-from zonnx.quantization.recovery.level_runs import LevelRuns, initializer_override
+from zonnx.quantization.recovery.channel_means import ChannelProbe, output_sqnr, probe_session
+from zonnx.quantization.recovery.graph_runs import GraphRuns, initializer_override
 from zonnx.quantization.refine.base import fused_activations
 from zonnx.quantization.refine.positions import POS_RANGE, QuantGraph, Quantizer, Site
 from zonnx.quantization.refine.shift_cut import conv_sites
@@ -318,14 +319,17 @@ def correct_biases(
             what="quantized model",
         )
 
-    proto = to_proto(model)  # ChannelProbe copies it; LevelRuns then updates it in place
+    proto = to_proto(model)  # ChannelProbe copies it; GraphRuns then updates it in place
     session = probe(proto)
     q_means, q_outs = session.run(feeds)
     record.runs = 2
     record.sqnr_before = output_sqnr(f_outs, q_outs)
     order = sorted({x.level for x in layers}) if sequential else [None]
-    # levels after the first: only what the previous corrections changed runs again (level_runs.py)
-    runs = LevelRuns(proto, feeds, layers=[x.tensor for x in layers], providers=providers) if len(order) > 1 else None
+    # levels after the first: only what the previous corrections changed runs again (graph_runs.py)
+    runs = None
+    if len(order) > 1:
+        opener = functools.partial(probe_session, providers=providers, what="quantized model")
+        runs = GraphRuns(proto, feeds, opener, what="quantized model", layers=[x.tensor for x in layers])
     changed: set[ir.Node] = set()
     rebuilt = False
     for i, level in enumerate(order):

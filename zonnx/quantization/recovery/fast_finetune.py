@@ -6,7 +6,7 @@ order:
 1. capture, on the calibration samples, the layer's input and its float output (after the Relu/Clip that
    follows it, when there is one) from the float model, and its input from the *quantized* model as it is
    after the earlier layers were tuned, so each layer makes up for the errors before it
-   (``finetune_capture``: the graph runs once in stretches, never once per layer);
+   (``graph_runs.GraphRuns``: each node runs once, in stretches, never once per layer);
 2. learn new weight codes in torch on the fixed grid (``finetune_optimize``: AdaRound chooses floor or
    ceiling per weight, AdaQuant moves weights, and with ``UpdateBias`` the bias, freely on the grid),
    minimizing the squared error to the float output;
@@ -25,6 +25,7 @@ from __future__ import annotations
 __all__ = ["fast_finetune", "FastFinetuneResult", "LayerOutcome"]
 
 import dataclasses
+import functools
 import logging
 import statistics
 import time
@@ -40,9 +41,10 @@ from zonnx.errors import first_line
 from zonnx.ir.io import to_ir, to_proto
 from zonnx.quantization.calibration.readers import CalibrationError
 from zonnx.quantization.options import FastFinetuneOptions
-from zonnx.quantization.recovery.finetune_capture import SegmentRunner
+from zonnx.quantization.recovery.finetune_capture import segment_session
 from zonnx.quantization.recovery.finetune_layers import Layer, find_layers
 from zonnx.quantization.recovery.finetune_optimize import LayerData, LayerOp, TuneSettings, tune_layer
+from zonnx.quantization.recovery.graph_runs import GraphRuns
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +146,7 @@ def _check_shapes(op: LayerOp, data: LayerData, weight: np.ndarray, bias: np.nda
     return None
 
 
-def _write_back(layer: Layer, codes: np.ndarray, bias: np.ndarray | None, runner: SegmentRunner) -> None:
+def _write_back(layer: Layer, codes: np.ndarray, bias: np.ndarray | None, runner: GraphRuns) -> None:
     runner.set_initializer(layer.weight.write(codes))
     if bias is not None and layer.bias is not None:
         grid = layer.bias.grid
@@ -191,14 +193,16 @@ def fast_finetune(
         seed = int(np.random.SeedSequence().entropy % (2**31))
         logger.info("fast finetune: FixedSeed None, using seed %d", seed)
     drop = options.drop_ratio > 0
-    float_runner = SegmentRunner(
+    opener = functools.partial(segment_session, threads=options.threads)
+    float_runner = GraphRuns(
         to_proto(float_ir),
         feeds,
-        [n for layer in layers for n in (layer.float_input, layer.float_target)],
-        threads=options.threads,
+        opener,
+        what="float model",
+        wanted=[n for layer in layers for n in (layer.float_input, layer.float_target)],
     )
-    quant_runner = SegmentRunner(
-        to_proto(model), feeds, [layer.quant_input for layer in layers], threads=options.threads
+    quant_runner = GraphRuns(
+        to_proto(model), feeds, opener, what="quantized model", wanted=[layer.quant_input for layer in layers]
     )
     deadline = start + options.max_seconds if options.max_seconds is not None else float("inf")
     threads = torch.get_num_threads()
@@ -217,8 +221,8 @@ def fast_finetune(
                 )
                 break
             t0 = time.perf_counter()
-            fl = float_runner.fetch([layer.float_input, layer.float_target])
-            xq = quant_runner.fetch([layer.quant_input])[layer.quant_input]
+            fl = float_runner.tensors([layer.float_input, layer.float_target])
+            xq = quant_runner.tensors([layer.quant_input])[layer.quant_input]
             data = _layer_data(layer, fl[layer.float_input], fl[layer.float_target], xq, drop)
             result.capture_seconds += time.perf_counter() - t0
             result.peak_layer_mb = max(result.peak_layer_mb, _bytes(data) / 2**20)
