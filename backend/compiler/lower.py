@@ -7,7 +7,9 @@ compile rule of every op kind live in its module under ``zonnx.backend.ops`` (``
 
 - ops that act on codes (monotone, same grid: MaxPool, Relu/Clip, Reshape, Slice, Pad, Resize nearest,
   ...) are lowered at once by their *code* rule; a following quantizer with another grid adds a
-  ``rescale`` (``ops.rescale``), one with the same grid a ``copy``;
+  ``rescale`` (``ops.rescale``), one with the same grid a ``copy``; a Relu/Clip that only quantizers
+  read is folded into each quantizer's output clamp instead (``values.Clamped``: exact, where a clamp on
+  the input grid rounds the bounds);
 - requantizing ops (Conv, Gemm, MatMul, Add, Mul, pools, Concat, lookup tables, ...) wait as *pending*
   values for their output quantizer, collecting fused Relu/Clip clamps (``lo = max(qmin, Z_y)`` for a
   Relu; Clip(a, b) gives ``lo/hi = Q_y(a)/Q_y(b)``) and a constant factor (a refinement
@@ -37,7 +39,7 @@ from zonnx.backend.targets import Target, load_target
 from . import params as om
 from .program import Op, Program, TensorInfo
 from .tiling import attach_tiling
-from .values import Codes, CompileError, Const, Pending
+from .values import Clamped, Codes, CompileError, Const, Pending
 
 logger = logging.getLogger(__name__)
 
@@ -128,12 +130,15 @@ class _Lowering:
 
     # -- node dispatch ---------------------------------------------------------------------------
     def run(self, nodes: list[onnx.NodeProto]) -> None:
+        inside = {n.name for n in nodes}
         for node in nodes:
             op = node.op_type
             if op == "Constant":
                 continue
             ins = [self.value(i, node) for i in node.input]
-            if op in _DEQUANT:
+            if op in CLAMP_OPS and isinstance(ins[0], Codes) and self.only_quantized(node, ins[0], inside):
+                self.val[node.output[0]] = Clamped(ins[0], activation(node, ins), node.name)
+            elif op in _DEQUANT:
                 self.dequant(node, ins[0])
             elif op in _QUANT:
                 self.quant(node, ins[0])
@@ -162,6 +167,18 @@ class _Lowering:
                 self.val[node.output[0]] = Pending(node, ins)
             else:
                 raise CompileError(f"node {node.name!r}: op type {op} is not supported by the NPU compiler.")
+
+    def only_quantized(self, node: onnx.NodeProto, x: Codes, inside: set[str]) -> bool:
+        """Whether a Relu/Clip on per-tensor codes ``x`` is read only by per-tensor quantizers of the
+        subgraph, which then fold it (``values.Clamped``)."""
+        readers = self.consumers.get(node.output[0], [])
+        return (
+            x.qp.axis is None
+            and bool(readers)
+            and all(
+                r.op_type in _QUANT and r.name in inside and self.grid_of(r).axis is None for r in readers
+            )
+        )
 
     def value(self, name: str, node: onnx.NodeProto) -> Any:
         if not name:
@@ -203,13 +220,29 @@ class _Lowering:
                 self.emit_rescale(v.tensor, v.qp, out, qp, [node.name])
         elif isinstance(v, Pending):
             self.lower_pending(v, out, qp, node.name)
+        elif isinstance(v, Clamped):  # the clamp on the output grid (exact: values.Clamped)
+            lo, hi = om.clamp_bounds([v.act], qp)
+            if v.x.qp.same(qp):
+                self.emit(
+                    "clamp", node.name, [v.x.tensor], [out], {"lo": lo, "hi": hi}, {}, [*v.sources, node.name]
+                )
+            else:
+                self.emit_rescale(v.x.tensor, v.x.qp, out, qp, [*v.sources, node.name], (lo, hi))
         else:
             raise CompileError(f"node {node.name!r}: quantizes a value the compiler cannot follow.")
         self.val[out] = Codes(out, qp)
 
-    def emit_rescale(self, src: str, qin: om.QParams, dst: str, qout: om.QParams, sources: list[str]) -> None:
+    def emit_rescale(
+        self,
+        src: str,
+        qin: om.QParams,
+        dst: str,
+        qout: om.QParams,
+        sources: list[str],
+        bounds: tuple[int, int] | None = None,
+    ) -> None:
         """Emit a ``rescale`` of ``src`` to grid ``qout`` (``ops.rescale``)."""
-        emit_rescale(self, src, qin, dst, qout, sources)
+        emit_rescale(self, src, qin, dst, qout, sources, bounds)
 
     def lower_pending(self, p: Pending, out: str, qp: om.QParams, qname: str) -> None:
         """Emit pending node ``p`` by its op module's rule, now that its output quantizer is known."""

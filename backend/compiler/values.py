@@ -1,15 +1,25 @@
 """What the compiler tracks per ONNX value while it lowers a subgraph, and the compile error.
 
 A value is integer codes of a program tensor (``Codes``: ``real = S (q - Z)`` on grid ``qp``), a
-constant (``Const``: quantized codes with their grid, or a float value), or a float op waiting for its
-output quantizer (``Pending``, with the Relu/Clip clamps and the constant factor fused into it). Op
+constant (``Const``: quantized codes with their grid, or a float value), a float op waiting for its
+output quantizer (``Pending``, with the Relu/Clip clamps and the constant factor fused into it), or codes
+under a Relu/Clip that only quantizers read (``Clamped``). Op
 modules (``zonnx.backend.ops``) read these and emit program ops through the lowering object they are
 handed; nothing here knows an op kind.
 """
 
 from __future__ import annotations
 
-__all__ = ["CompileError", "Codes", "Const", "Pending", "constant_inputs", "constant_params", "emit_code"]
+__all__ = [
+    "CompileError",
+    "Clamped",
+    "Codes",
+    "Const",
+    "Pending",
+    "constant_inputs",
+    "constant_params",
+    "emit_code",
+]
 
 import logging
 from typing import Any
@@ -48,6 +58,16 @@ class Pending:
         self.acts: list[tuple[str, float, float]] = []
         self.mul = 1.0
         self.sources = [node.name]
+
+
+class Clamped:
+    """Codes ``x`` under a Relu/Clip ``act`` (``("clip", a, b)``) whose every reader is a quantizer: each
+    quantizer folds the clamp into its output range, ``Q_y(clip(v, a, b)) = clip(Q_y(v), Q_y(a), Q_y(b))``
+    (exact: ``Q_y`` is monotone). Clamping on ``x``'s grid first would round ``a`` and ``b`` to that grid,
+    off by up to half its step, which a finer output grid shows as several codes."""
+
+    def __init__(self, x: Codes, act: tuple[str, float, float], source: str) -> None:
+        self.x, self.act, self.sources = x, act, [source]
 
 
 def constant_inputs(ins: list[Any]) -> list[np.ndarray | None]:

@@ -27,9 +27,19 @@ from .spec import Kind, OpSpec
 logger = logging.getLogger(__name__)
 
 
-def emit_rescale(low: Any, src: str, qin: QParams, dst: str, qout: QParams, sources: list[str]) -> None:
-    """Emit the ``rescale`` of tensor ``src`` (grid ``qin``) to ``dst`` (grid ``qout``)."""
+def emit_rescale(
+    low: Any,
+    src: str,
+    qin: QParams,
+    dst: str,
+    qout: QParams,
+    sources: list[str],
+    bounds: tuple[int, int] | None = None,
+) -> None:
+    """Emit the ``rescale`` of tensor ``src`` (grid ``qin``) to ``dst`` (grid ``qout``); ``bounds``: an
+    output clamp narrower than ``qout``'s range (a Relu/Clip folded in, ``values.Clamped``)."""
     m, s = multipliers(np.asarray(qin.scale / qout.scale), low.target, sources[-1], eltwise=True)
+    lo, hi = bounds if bounds is not None else (qout.qmin, qout.qmax)
     low.emit(
         "rescale",
         sources[-1],
@@ -38,8 +48,8 @@ def emit_rescale(low: Any, src: str, qin: QParams, dst: str, qout: QParams, sour
         {
             "zp_in": int(qin.zp),
             "zp_out": int(qout.zp),
-            "lo": qout.qmin,
-            "hi": qout.qmax,
+            "lo": lo,
+            "hi": hi,
             "round_mode": low.target.quant.activation_round_mode,
         },
         {"multiplier": m, "shift": s},

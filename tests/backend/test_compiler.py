@@ -12,9 +12,11 @@ import pytest
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType
 
 import zonnx
+from tests.backend.native_support import lowered_session
 from zonnx import zoo
 from zonnx.backend.compiler import CompileError, Program
 from zonnx.backend.compiler.lower import compile_subgraph, whole_model_subgraph
+from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.backend.runtime.reference import execute_op, run_program
 from zonnx.zoo.digits import digits_data
 
@@ -220,3 +222,61 @@ def test_a_ratio_too_large_for_the_multiplier_names_the_node() -> None:
     text = str(err.value)
     assert text.startswith("node '/blocks/Conv_3' on zhouyi-x2: scale 80312.0 is too large for a 15-bit")
     assert "keep this node off the NPU" in text and "\n" not in text
+
+
+def _clip_between_quantizers(in_scale: float, out_scale: float, relu: bool) -> onnx.ModelProto:
+    """x -> Q(in) -> DQ -> Clip(-0.7, 6.0) (or Relu) -> Q(out) -> DQ: the Clip reads codes and only a
+    quantizer reads it (a decomposed HardSwish's clip in a QDQ model)."""
+    h = onnx.helper
+    inits = [
+        onnx.numpy_helper.from_array(np.float32(in_scale), "s_in"),
+        onnx.numpy_helper.from_array(np.float32(out_scale), "s_out"),
+        onnx.numpy_helper.from_array(np.int8(0), "zp"),
+        onnx.numpy_helper.from_array(np.float32(-0.7), "lo"),
+        onnx.numpy_helper.from_array(np.float32(6.0), "hi"),
+    ]
+    clip = (
+        h.make_node("Relu", ["d"], ["c"], name="clip")
+        if relu
+        else h.make_node("Clip", ["d", "lo", "hi"], ["c"], name="clip")
+    )
+    nodes = [
+        h.make_node("QuantizeLinear", ["x", "s_in", "zp"], ["q"], name="q_in"),
+        h.make_node("DequantizeLinear", ["q", "s_in", "zp"], ["d"], name="dq_in"),
+        clip,
+        h.make_node("QuantizeLinear", ["c", "s_out", "zp"], ["qo"], name="q_out"),
+        h.make_node("DequantizeLinear", ["qo", "s_out", "zp"], ["y"], name="dq_out"),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "clip",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])],
+        inits,
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("target", ["bm1684x", "zhouyi-x2"])
+def test_a_clip_read_only_by_a_quantizer_clamps_on_the_output_grid(target: str, relu: bool) -> None:
+    """Q_y(clip(v, a, b)) = clip(Q_y(v), Q_y(a), Q_y(b)): with an input grid 11x coarser than the output's,
+    a clamp on the input grid put the bound 6.0 at 6.45 (5 output codes off); folded into the quantizer
+    the program equals ORT's QDQ model on every code (no rounding tie: the ratio is not a half-integer)."""
+    model = _clip_between_quantizers(0.5377566, 0.0472441, relu)
+    names, ins, outs = whole_model_subgraph(model)
+    program = compile_subgraph(model, names, ins, outs, target)
+    assert [op.kind for op in program.ops] == ["rescale"]  # no clamp on the input grid
+    x = np.linspace(-80.0, 80.0, 64, dtype=np.float32).reshape(1, 64)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = np.rint(sess.run(None, {"x": x})[0] / np.float32(0.0472441)).astype(np.int64)
+    q_in = np.clip(np.rint(x / np.float32(0.5377566)), -128, 127).astype(np.int64)
+    got = run_program(program, {program.inputs[0].name: q_in})[program.outputs[0].name]
+    assert (want == 127).any() and (want == (0 if relu else -15)).any()  # both clamp ends reached
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+    for native in (False, True):  # the ORT lowering narrows the rescale's clamp too
+        lowered = program_to_model(program, name="p", native=native)
+        run = lowered_session(lowered, native).run(
+            None, {f"p/{program.inputs[0].name}": q_in.astype(np.int8)}
+        )
+        np.testing.assert_array_equal(run[0].astype(np.int64), want)
