@@ -476,19 +476,29 @@ def test_qdwconv_matches_numpy(
 
 @pytest.mark.parametrize("isa", ["host", "avx-vnni", "baseline"])
 @pytest.mark.parametrize(
-    ("c", "o", "kernel", "strides", "pads"),
+    ("c", "o", "kernel", "strides", "pads", "dil"),
     [
-        (5, 70, [3, 3], [1, 1], [1, 1, 1, 1]),
-        (3, 16, [7, 7], [2, 2], [3, 3, 3, 3]),
-        (8, 130, [1, 1], [1, 1], [0] * 4),
-        (16, 200, [3, 3], [1, 1], [1, 1, 1, 1]),  # two blocks of positions: split into panel groups
+        (5, 70, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        (3, 16, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1]),  # the stem: kernel rows of 21 bytes, padded to 24
+        (8, 130, [1, 1], [1, 1], [0] * 4, [1, 1]),
+        (16, 200, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),  # two blocks of positions: split into panel groups
+        (4, 70, [3, 2], [2, 1], [0, 2, 1, 0], [2, 1]),  # asymmetric pads, row dilation: kernel-row segments
+        (6, 20, [2, 3], [1, 2], [1, 0, 0, 1], [1, 2]),  # column dilation: one segment per tap, 6 -> 8 bytes
     ],
 )
 def test_qconv16_matches_numpy(
-    c: int, o: int, kernel: list, strides: list, pads: list, isa: str, monkeypatch: pytest.MonkeyPatch
+    c: int,
+    o: int,
+    kernel: list,
+    strides: list,
+    pads: list,
+    dil: list,
+    isa: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """QConv16 (16-bit codes x int8 weights: two byte planes, int64 combination, one requantization) == the
-    numpy formula with exact int64 sums, for each rounding mode, on every GEMM path."""
+    numpy formula with exact int64 sums, for each rounding mode, on every GEMM path (the AVX-512 one reads
+    the padded planes in kernel-row or tap segments, the others build im2col rows)."""
     if isa == "host":
         monkeypatch.delenv(native.ISA_ENV, raising=False)
     else:
@@ -502,13 +512,13 @@ def test_qconv16_matches_numpy(
     xp = np.pad(
         x.astype(np.int64), [(0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)], constant_values=zp
     )
-    oh = (xp.shape[1] - kernel[0]) // strides[0] + 1
-    ow = (xp.shape[2] - kernel[1]) // strides[1] + 1
+    oh = (xp.shape[1] - ((kernel[0] - 1) * dil[0] + 1)) // strides[0] + 1
+    ow = (xp.shape[2] - ((kernel[1] - 1) * dil[1] + 1)) // strides[1] + 1
     taps = [
-        xp[:, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
-        for i in range(kernel[0])
-        for j in range(kernel[1])
-    ]
+        xp[:, i * dil[0] : i * dil[0] + strides[0] * (oh - 1) + 1 : strides[0],
+           j * dil[1] : j * dil[1] + strides[1] * (ow - 1) + 1 : strides[1]]
+        for i in range(kernel[0]) for j in range(kernel[1])
+    ]  # fmt: skip
     acc = (np.concatenate(taps, axis=3) - zp) @ w.astype(np.int64)
     pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-4, 3e-2, o)]
     m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
@@ -521,7 +531,7 @@ def test_qconv16_matches_numpy(
             [term], m.astype(object) * bias.astype(object), s, mode, -5, -32768, 32767, st, (-1,), where="t"
         )
         b = Builder("q")
-        y = emit_qconv(b, "x", w, kernel, strides, pads, [1, 1], zp, attrs, wide=True)
+        y = emit_qconv(b, "x", w, kernel, strides, pads, dil, zp, attrs, wide=True)
         assert y is not None and [n.op_type for n in b.nodes] == ["QConv16"]
         sess = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.INT32), True)
         got = sess.run(None, {"x": x})[0]

@@ -271,8 +271,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
 #define ZN_ROW16(r)                                                                \
   if constexpr (MR > r) {                                                          \
     int32_t ql, qh;                                                                \
-    std::memcpy(&ql, a + r * lda + 4 * q, 4);                                      \
-    std::memcpy(&qh, a + r * lda + kp + 4 * q, 4);                                 \
+    std::memcpy(&ql, p##r + 4 * q, 4);                                             \
+    std::memcpy(&qh, p##r + hoff + 4 * q, 4);                                      \
     const __m512i al = _mm512_set1_epi32(ql), ah = _mm512_set1_epi32(qh);          \
     l##r##0 = _mm512_dpbusd_epi32(l##r##0, al, b0);                                \
     h##r##0 = _mm512_dpbusd_epi32(h##r##0, ah, b0);                                \
@@ -298,20 +298,35 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
     if constexpr (NV > 3) rq16_wide<KIND>(l##r##3, h##r##3, rq, 48, yr);           \
   }
 
-// MR <= 3 output positions (rows of lda bytes: the low plane's kp bytes, then the high plane's) x NV blocks.
+// The A side of mk_vnni16: MR <= 3 output positions, each a base pointer rows[r]; the k axis is taps
+// segments of cq quads, segment t at rows[r] + toff[t] (low bytes) and hoff bytes further on (high bytes).
+// An im2col row is one segment (toff {0}, hoff kp); a conv read straight from the padded planes (compute16)
+// has one segment per kernel tap, C / 4 quads each.
+struct Rows16 {
+  const uint8_t* rows[3];
+  const int64_t* toff;
+  int64_t taps, cq, hoff;
+};
+
+// MR <= 3 output positions x NV blocks: both planes' int32 sums by vpdpbusd, then rq16_wide to y rows.
 template <int MR, int KIND, int NV>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(const uint8_t* a, int64_t lda,
-                                                                                int64_t kp, const int8_t* b,
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(const Rows16& a, const int8_t* b,
                                                                                 const Rq16Args& rq, int32_t* y,
                                                                                 int64_t ldy) {
   ZN_ACC16(0) ZN_ACC16(1) ZN_ACC16(2)
-  for (int64_t q = 0; q < kp / 4; ++q) {
-    const int8_t* bq = b + q * kPanel * 4;
-    const __m512i b0 = _mm512_loadu_si512(bq);
-    const __m512i b1 = NV > 1 ? _mm512_loadu_si512(bq + 64) : b0;
-    const __m512i b2 = NV > 2 ? _mm512_loadu_si512(bq + 128) : b0;
-    const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
-    ZN_ROW16(0) ZN_ROW16(1) ZN_ROW16(2)
+  const int64_t cq = a.cq, hoff = a.hoff;
+  for (int64_t t = 0; t < a.taps; ++t) {
+    const int64_t off = a.toff[t];
+    const uint8_t* p0 = a.rows[0] + off;
+    [[maybe_unused]] const uint8_t* p1 = MR > 1 ? a.rows[1] + off : p0;
+    [[maybe_unused]] const uint8_t* p2 = MR > 2 ? a.rows[2] + off : p0;
+    for (int64_t q = 0; q < cq; ++q, b += kPanel * 4) {
+      const __m512i b0 = _mm512_loadu_si512(b);
+      const __m512i b1 = NV > 1 ? _mm512_loadu_si512(b + 64) : b0;
+      const __m512i b2 = NV > 2 ? _mm512_loadu_si512(b + 128) : b0;
+      const __m512i b3 = NV > 3 ? _mm512_loadu_si512(b + 192) : b0;
+      ZN_ROW16(0) ZN_ROW16(1) ZN_ROW16(2)
+    }
   }
   ZN_STORE16(0) ZN_STORE16(1) ZN_STORE16(2)
 }
@@ -319,7 +334,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(c
 #undef ZN_ROW16
 #undef ZN_STORE16
 
-using Vnni16Fn = void (*)(const uint8_t*, int64_t, int64_t, const int8_t*, const Rq16Args&, int32_t*, int64_t);
+using Vnni16Fn = void (*)(const Rows16&, const int8_t*, const Rq16Args&, int32_t*, int64_t);
 template <int KIND, int NV>
 Vnni16Fn vnni16_for(int mr) {
   return mr == 1 ? mk_vnni16<1, KIND, NV> : (mr == 2 ? mk_vnni16<2, KIND, NV> : mk_vnni16<3, KIND, NV>);
@@ -458,6 +473,8 @@ struct QConvKernel {
   std::vector<int64_t> xm;    // per channel: max |acc - zw| = xzp-centred input range x sum |w|
   F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
   int vkind = kPlain;         // the VNNI path's rounding kind: kind, or kF64Floor / kF64Even
+  bool direct16 = false;      // QConv16 by compute16_direct (the weights packed in its segments)
+  int64_t kseg = 0;           // weight rows per packed segment (pack)
 
   QConvKernel(const OrtKernelInfo* info, bool wide16) : wide(wide16) {
     Ort::ConstKernelInfo ki(info);
@@ -513,7 +530,12 @@ struct QConvKernel {
     if (wi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 || wshape.size() != 2 || wshape[1] != channels)
       throw std::runtime_error("QConv: weights must be int8 [kh kw C, O] with O = the requantization channels");
     if (wshape[0] * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
-    pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1]);
+    // 16-bit codes on the AVX-512 VNNI path: compute16_direct, in segments of a kernel row (kw C rows of the
+    // weights, contiguous in a padded input row when dw == 1) or of a tap (C rows)
+    direct16 = wide && isa == 2 && wshape[0] % (kh * kw) == 0;
+    const int64_t cin = wshape[0] / (kh * kw);
+    pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1],
+         direct16 ? (dw == 1 ? kw * cin : cin) : wshape[0]);
     vkind = kind;
     if (!wide && !mult32.empty() &&
         f64.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xm.data(), kind,
@@ -527,9 +549,14 @@ struct QConvKernel {
     }
   }
 
-  void pack(const int8_t* w, int64_t kdim, int64_t o) {
+  // The weights as panels of 64 channels, k-quads of 4 rows. The k rows are taken in segments of seg rows
+  // (kdim for an im2col row, a kernel row or tap for compute16_direct), each padded with zero weights to a
+  // whole number of quads, so the GEMM reads every segment as its own run of quads.
+  void pack(const int8_t* w, int64_t kdim, int64_t o, int64_t seg) {
     k = kdim;
-    kp = (kdim + 3) / 4 * 4;
+    kseg = seg;
+    const int64_t segp = (seg + 3) / 4 * 4;
+    kp = kdim / seg * segp;
     outs = o;
     const int64_t panels = (o + kPanel - 1) / kPanel;
     packed.assign(static_cast<size_t>(panels * kp * kPanel), 0);
@@ -542,8 +569,8 @@ struct QConvKernel {
       for (int64_t q = 0; q < kp / 4; ++q)
         for (int j = 0; j < kPanel; ++j)
           for (int t = 0; t < 4; ++t) {
-            const int64_t kk = 4 * q + t, oc = o0 + j;
-            dst[(q * kPanel + j) * 4 + t] = (kk < kdim && oc < o) ? w[kk * o + oc] : 0;
+            const int64_t e = (4 * q + t) % segp, kk = (4 * q + t) / segp * seg + e, oc = o0 + j;
+            dst[(q * kPanel + j) * 4 + t] = (e < seg && kk < kdim && oc < o) ? w[kk * o + oc] : 0;
           }
     }
     for (int64_t oc = 0; oc < o; ++oc) {
@@ -601,6 +628,71 @@ struct QConvKernel {
     }
   }
 
+  // 16-bit codes on the AVX-512 VNNI path (direct16), with no im2col: the input is split once into its low
+  // and high byte planes, each padded (pixel (b, yy, xx) of the padded input at (b hp + yy) wp + xx times C,
+  // the pad code's byte outside the input; the high plane hoff bytes after the low one). The k axis of
+  // output position (b, oy, ox) is then kernel rows (dw == 1: kw C contiguous bytes) or taps (C bytes), each
+  // at the position's base ((b hp + oy sh) wp + ox sw) C plus the segment's offset (i dh wp (+ j dw) times
+  // C), the same for every position: mk_vnni16 takes the bases and the offsets. The weights are packed in
+  // the same segments, each padded with zero weights to whole quads (pack): the bytes read past a segment's
+  // end (the next pixel's, or the zeroed slack after a plane) are multiplied by 0, so the sums are the
+  // im2col row's, in the same order.
+  void compute16_direct(const Ort::KernelContext& ctx, const int32_t* x, int64_t n, int64_t h, int64_t w,
+                        int64_t c, int64_t oh, int64_t ow, int32_t* y, int64_t total) const {
+    const int64_t o = outs, hp = h + pt + pb, wp = w + pl + pr, plane = n * hp * wp * c, hoff = plane + 64;
+    thread_local std::vector<uint8_t> buffer;  // the calling thread's (as compute16's planes)
+    if (buffer.size() < static_cast<size_t>(2 * hoff)) buffer.resize(static_cast<size_t>(2 * hoff));
+    uint8_t* const lo_plane = buffer.data();
+    uint8_t* const hi_plane = lo_plane + hoff;
+    std::memset(lo_plane + plane, 0, 64);
+    std::memset(hi_plane + plane, 0, 64);
+    const uint8_t plo = static_cast<uint8_t>(xzp & 255), phi = static_cast<uint8_t>(xzp >> 8);
+    const size_t prow = static_cast<size_t>(wp * c);
+    parallel_for(ctx, static_cast<size_t>(n * hp), [&](size_t i) {
+      const int64_t b = static_cast<int64_t>(i) / hp, iy = static_cast<int64_t>(i) % hp - pt;
+      uint8_t* lrow = lo_plane + i * prow;
+      uint8_t* hrow = hi_plane + i * prow;
+      if (iy < 0 || iy >= h) {
+        std::memset(lrow, plo, prow);
+        std::memset(hrow, phi, prow);
+        return;
+      }
+      std::memset(lrow, plo, static_cast<size_t>(pl * c));
+      std::memset(hrow, phi, static_cast<size_t>(pl * c));
+      split_bytes(x + (b * h + iy) * w * c, lrow + pl * c, hrow + pl * c, w * c);
+      std::memset(lrow + (pl + w) * c, plo, static_cast<size_t>(pr * c));
+      std::memset(hrow + (pl + w) * c, phi, static_cast<size_t>(pr * c));
+    });
+    const int64_t nseg = k / kseg;
+    std::vector<int64_t> toff(static_cast<size_t>(nseg));
+    for (int64_t sg = 0; sg < nseg; ++sg)
+      toff[static_cast<size_t>(sg)] = dw == 1 ? sg * dh * wp * c : ((sg / kw) * dh * wp + (sg % kw) * dw) * c;
+    const int64_t block = std::clamp<int64_t>((262144 / (2 * kp)) / 3 * 3, 3, 120);
+    const TaskGrid grid = task_grid(total, block, (o + kPanel - 1) / kPanel, 2 * kp * kPanel);
+    parallel_for(ctx, static_cast<size_t>(grid.blocks * grid.groups), [&](size_t t) {
+      const int64_t task = static_cast<int64_t>(t) / grid.groups, group = static_cast<int64_t>(t) % grid.groups;
+      const int64_t r0 = task * block, rows = std::min<int64_t>(block, total - r0);
+      for (int64_t pn = grid.first_panel(group); pn < grid.first_panel(group + 1); ++pn) {
+        const int64_t o0 = pn * kPanel;
+        const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
+        const int nv = (nch + kLanes - 1) / kLanes;
+        const int8_t* bp = packed.data() + pn * kp * kPanel;
+        const Rq16Args rq{zw64.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
+                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
+        for (int64_t r = 0; r < rows; r += 3) {
+          const int mr = static_cast<int>(std::min<int64_t>(3, rows - r));
+          Rows16 a{{nullptr, nullptr, nullptr}, toff.data(), nseg, kp / nseg / 4, hoff};
+          for (int i = 0; i < 3; ++i) {
+            const int64_t p = r0 + r + std::min(i, mr - 1);
+            const int64_t b = p / (oh * ow), oy = (p / ow) % oh, ox = p % ow;
+            a.rows[i] = lo_plane + ((b * hp + oy * sh) * wp + ox * sw) * c;
+          }
+          vnni16_kernel(mr, nv, kind)(a, bp, rq, y + (r0 + r) * o + o0, o);
+        }
+      }
+    });
+  }
+
   // 16-bit codes: the input split once into its low and high byte planes (uint8 NHWC each), then per block
   // the im2col rows of both planes side by side (row r: the low plane's kp bytes, then the high plane's;
   // the pad code's low and high bytes outside the input) and mk_vnni16 / two portable GEMMs per tile.
@@ -656,7 +748,9 @@ struct QConvKernel {
           const int mr = static_cast<int>(std::min<int64_t>(step, rows - r));
           const uint8_t* a = col + r * row;
           if (isa == 2) {
-            vnni16_kernel(mr, nv, kind)(a, row, kp, bp, rq, y + (r0 + r) * o + o0, o);
+            const int64_t whole[1] = {0};
+            const Rows16 ar{{a, a + (mr > 1 ? row : 0), a + (mr > 2 ? 2 * row : 0)}, whole, 1, kp / 4, kp};
+            vnni16_kernel(mr, nv, kind)(ar, bp, rq, y + (r0 + r) * o + o0, o);
             continue;
           }
           if (isa == 1) {
@@ -692,6 +786,11 @@ struct QConvKernel {
     Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, o});
     const int64_t total = n * oh * ow;
     if (total == 0) return;
+    if (direct16) {
+      compute16_direct(ctx, static_cast<const int32_t*>(xv.GetTensorRawData()), n, h, w, c, oh, ow,
+                       static_cast<int32_t*>(out.GetTensorMutableRawData()), total);
+      return;
+    }
     if (wide) {
       compute16(ctx, static_cast<const int32_t*>(xv.GetTensorRawData()), n, h, w, c, oh, ow,
                 static_cast<int32_t*>(out.GetTensorMutableRawData()), total);
