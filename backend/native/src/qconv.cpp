@@ -245,12 +245,17 @@ struct Rq16Args {
   int nch;
 };
 
+// Channels j0 .. j0 + 15 of one row (the arrays cover all 16 lanes: they are padded to whole panels): the
+// int64 rule on each half of 8 lanes, v = (p + A (+ the rounding bit)) >> s + zs, then v saturated to int32
+// (vpmovsqd) and clamped to [lo, hi] in int32 lanes: the same integers as the int64 clamp, as lo and hi lie
+// in int32 (checked at creation), and one 16-lane store.
 template <int KIND>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_wide(
     __m512i lo, __m512i hi, const Rq16Args& q, int j0, int32_t* y) {
+  if (j0 >= q.nch) return;
+  __m256i half[2];
   for (int h = 0; h < 2; ++h) {
     const int j = j0 + 8 * h;
-    if (j >= q.nch) return;
     const __m512i l64 = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(lo, 1) : _mm512_castsi512_si256(lo));
     const __m512i h64 = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(hi, 1) : _mm512_castsi512_si256(hi));
     const __m512i t = _mm512_sub_epi64(_mm512_add_epi64(_mm512_slli_epi64(h64, 8), l64), _mm512_loadu_si512(q.zw + j));
@@ -259,11 +264,14 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
     __m512i u = _mm512_add_epi64(p, _mm512_loadu_si512(q.a + j));
     if (KIND == kParity) u = _mm512_add_epi64(u, _mm512_and_si512(_mm512_srav_epi64(p, sh), _mm512_loadu_si512(q.b + j)));
     if (KIND == kSign) u = _mm512_add_epi64(u, _mm512_and_si512(_mm512_srai_epi64(p, 63), _mm512_loadu_si512(q.b + j)));
-    __m512i v = _mm512_add_epi64(_mm512_srav_epi64(u, sh), _mm512_set1_epi64(q.zs));
-    v = _mm512_min_epi64(_mm512_max_epi64(v, _mm512_set1_epi64(q.lo)), _mm512_set1_epi64(q.hi));
-    const __mmask8 mask = j + 8 <= q.nch ? __mmask8(0xFF) : __mmask8((1u << (q.nch - j)) - 1);
-    _mm512_mask_cvtepi64_storeu_epi32(y + j, mask, v);
+    half[h] = _mm512_cvtsepi64_epi32(_mm512_add_epi64(_mm512_srav_epi64(u, sh), _mm512_set1_epi64(q.zs)));
   }
+  __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1);
+  v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.lo))),
+                       _mm512_set1_epi32(static_cast<int32_t>(q.hi)));
+  const int left = q.nch - j0;
+  if (left >= 16) _mm512_storeu_si512(y + j0, v);
+  else _mm512_mask_storeu_epi32(y + j0, static_cast<__mmask16>((1u << left) - 1), v);
 }
 
 #define ZN_ACC16(r) __m512i l##r##0 = _mm512_setzero_si512(), l##r##1 = l##r##0, l##r##2 = l##r##0, l##r##3 = l##r##0, \
@@ -292,10 +300,10 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
 #define ZN_STORE16(r)                                                              \
   if constexpr (MR > r) {                                                          \
     int32_t* yr = y + r * ldy;                                                     \
-    rq16_wide<KIND>(l##r##0, h##r##0, rq, 0, yr);                                  \
-    if constexpr (NV > 1) rq16_wide<KIND>(l##r##1, h##r##1, rq, 16, yr);           \
-    if constexpr (NV > 2) rq16_wide<KIND>(l##r##2, h##r##2, rq, 32, yr);           \
-    if constexpr (NV > 3) rq16_wide<KIND>(l##r##3, h##r##3, rq, 48, yr);           \
+    rq16_wide<KIND>(l##r##0, h##r##0, rqv, 0, yr);                                 \
+    if constexpr (NV > 1) rq16_wide<KIND>(l##r##1, h##r##1, rqv, 16, yr);          \
+    if constexpr (NV > 2) rq16_wide<KIND>(l##r##2, h##r##2, rqv, 32, yr);          \
+    if constexpr (NV > 3) rq16_wide<KIND>(l##r##3, h##r##3, rqv, 48, yr);          \
   }
 
 // The A side of mk_vnni16: MR <= 3 output positions, each a base pointer rows[r]; the k axis is taps
@@ -328,6 +336,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(c
       ZN_ROW16(0) ZN_ROW16(1) ZN_ROW16(2)
     }
   }
+  const Rq16Args rqv = rq;  // a local copy: the stores cannot alias it, so its fields stay in registers
   ZN_STORE16(0) ZN_STORE16(1) ZN_STORE16(2)
 }
 #undef ZN_ACC16
