@@ -118,6 +118,52 @@ def test_requant_two_terms_broadcast(mode: str) -> None:
         assert np.array_equal(sess.run(None, {"a": a, "c": cc})[0], want)
 
 
+@pytest.mark.parametrize("mode", ROUND_MODES)
+def test_requant_two_int32_terms(mode: str) -> None:
+    """Two int32 terms into int32 (a 16-bit residual add, fused in one pass): per channel along the last axis
+    (NHWC) and the second (NCHW); ties (both inputs 0 where K is a tie), negative multipliers and both clamp
+    ends, equal to the numpy formula."""
+    rng = np.random.default_rng(7)
+    ch = 19
+    pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-3, 0.9, ch)]
+    m1 = np.array([p[0] for p in pairs], np.int64)
+    s = np.array([p[1] for p in pairs], np.int64)
+    m2 = (m1 * rng.uniform(0.2, 1.5, ch)).astype(np.int64)
+    m2[:3] *= -1
+    k = (rng.integers(-3, 4, size=ch) << s) + (1 << (s - 1))  # a tie where both inputs are 0
+    x1, x2 = (rng.integers(0, 65536, size=(3, ch, 5, 7)).astype(np.int32) for _ in range(2))
+    x1[0, :, 0], x2[0, :, 0] = 65535, 65535
+    x1[1, :, 0], x2[1, :, 0] = 0, 65535
+    x1[2, :, 0], x2[2, :, 0] = 0, 0
+    acc = m1[:, None, None] * x1.astype(np.int64) + m2[:, None, None] * x2.astype(np.int64) + k[:, None, None]
+    st = storage_of("int16")
+    want = requantize(acc, 1, s[:, None, None], mode, zero_point=7, lo=-20000, hi=20000) + st.offset
+    for nhwc in (False, True):
+        b = Builder("r")
+        terms = [Term("a", m1.astype(object), 65535.0), Term("c", m2.astype(object), 65535.0)]
+        y = emit_native_requant(
+            b,
+            terms,
+            k.astype(object),
+            s,
+            mode,
+            7,
+            -20000,
+            20000,
+            st,
+            (-1,) if nhwc else (-1, 1, 1),
+            where="t",
+        )
+        assert y is not None and b.nodes[-1].op_type == "RequantI32"
+        assert next(a.i for a in b.nodes[-1].attribute if a.name == "wide") == 0
+        inputs = [("a", TensorProto.INT32, None), ("c", TensorProto.INT32, None)]
+        sess = lowered_session(_model(b, y, inputs, TensorProto.INT32), True)
+        feed = [np.ascontiguousarray(v.transpose(0, 2, 3, 1)) if nhwc else v for v in (x1, x2)]
+        got = sess.run(None, {"a": feed[0], "c": feed[1]})[0]
+        got = got.transpose(0, 3, 1, 2) if nhwc else got
+        assert np.array_equal(got, want), (mode, nhwc, int(np.sum(got != want)))
+
+
 @pytest.mark.parametrize("dil", [[1, 2], [2, 1]])  # [2, 1]: adjacent taps copied as one run
 @pytest.mark.parametrize("plane", [0, 1, 2])
 def test_im2col_and_byte_planes(plane: int, dil: list[int]) -> None:
