@@ -688,14 +688,19 @@ struct QConvKernel {
         const int8_t* bp = packed.data() + pn * kp * kPanel;
         const Rq16Args rq{zw64.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
                           addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
+        // the output position (b, oy, ox) of row r0, then stepped one position at a time (no divisions per tile)
+        int64_t b = r0 / (oh * ow), oy = (r0 / ow) % oh, ox = r0 % ow;
         for (int64_t r = 0; r < rows; r += 3) {
           const int mr = static_cast<int>(std::min<int64_t>(3, rows - r));
           Rows16 a{{nullptr, nullptr, nullptr}, toff.data(), nseg, kp / nseg / 4, hoff};
-          for (int i = 0; i < 3; ++i) {
-            const int64_t p = r0 + r + std::min(i, mr - 1);
-            const int64_t b = p / (oh * ow), oy = (p / ow) % oh, ox = p % ow;
+          for (int i = 0; i < mr; ++i) {
             a.rows[i] = lo_plane + ((b * hp + oy * sh) * wp + ox * sw) * c;
+            if (++ox == ow) {
+              ox = 0;
+              if (++oy == oh) oy = 0, ++b;
+            }
           }
+          for (int i = mr; i < 3; ++i) a.rows[i] = a.rows[mr - 1];
           vnni16_kernel(mr, nv, kind)(a, bp, rq, y + (r0 + r) * o + o0, o);
         }
       }
