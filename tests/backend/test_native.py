@@ -532,6 +532,7 @@ def test_qdwconv_matches_numpy(
         (6, 20, [2, 3], [1, 2], [1, 0, 0, 1], [1, 2]),  # column dilation: one segment per tap, 6 -> 8 bytes
     ],
 )
+@pytest.mark.parametrize("big", [False, True])
 def test_qconv16_matches_numpy(
     c: int,
     o: int,
@@ -540,11 +541,13 @@ def test_qconv16_matches_numpy(
     pads: list,
     dil: list,
     isa: str,
+    big: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """QConv16 (16-bit codes x int8 weights: two byte planes, int64 combination, one requantization) == the
     numpy formula with exact int64 sums, for each rounding mode, on every GEMM path (the AVX-512 one reads
-    the padded planes in kernel-row or tap segments, the others build im2col rows)."""
+    the padded planes in kernel-row or tap segments, the others build im2col rows); ``big``: one multiplier
+    beyond int32 (the AVX-512 requantization then takes int64 multipliers instead of vpmuldq)."""
     if isa == "host":
         monkeypatch.delenv(native.ISA_ENV, raising=False)
     else:
@@ -569,6 +572,8 @@ def test_qconv16_matches_numpy(
     pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-4, 3e-2, o)]
     m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
     bias = rng.integers(-50000, 50000, size=o)
+    if big:
+        m[0], s[0] = 2**31 + 5, 45
     st = storage_of("int16")
     for mode in ROUND_MODES:
         want = requantize(acc + bias, m, s, mode, zero_point=-5, lo=-32768, hi=32767) + st.offset

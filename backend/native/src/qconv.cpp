@@ -243,7 +243,50 @@ struct Rq16Args {
   const int64_t *zw, *m, *k, *s, *a, *b;
   int64_t zs, lo, hi;
   int nch;
+  // rq16_wide32's tables (even / odd channels of each 16-group, like RqArgs): the multipliers as int32,
+  // K - M zs sum w (+ A for kPlain) as ke / ko, and s, A, B
+  const int32_t* m32;
+  const int64_t *ke, *ko, *se, *so, *ae, *ao, *be, *bo;
 };
+
+// rq16_wide for int32 multipliers (M32, tables built at creation): the int64 p of the even and, after a
+// 32-bit shift, the odd lanes by vpmuldq, p = M S_lo + (M S_hi << 8) + (K - M zw) in wrapping 64-bit
+// arithmetic (M S_hi and M S_lo are exact int64 products, and p mod 2^64 is the p of rq16_wide, which fits
+// int64), then RequantU8's rule as rq16_32_values: the clamp to [lo - zs, hi - zs] (int32, checked at
+// creation) in int64, the halves interleaved back into int32 lanes and zs added. The same integers.
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_wide32(
+    __m512i lo, __m512i hi, const Rq16Args& q, int j0, int32_t* y) {
+  if (j0 >= q.nch) return;
+  const int g = j0 / 2;
+  const __m512i m = _mm512_loadu_si512(q.m32 + j0), mo = _mm512_srli_epi64(m, 32);
+  const __m512i pe = _mm512_add_epi64(
+      _mm512_add_epi64(_mm512_mul_epi32(lo, m), _mm512_slli_epi64(_mm512_mul_epi32(hi, m), 8)),
+      _mm512_loadu_si512(q.ke + g));
+  const __m512i po = _mm512_add_epi64(
+      _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(lo, 32), mo),
+                       _mm512_slli_epi64(_mm512_mul_epi32(_mm512_srli_epi64(hi, 32), mo), 8)),
+      _mm512_loadu_si512(q.ko + g));
+  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
+  __m512i te = KIND == kPlain ? pe : _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
+  __m512i to = KIND == kPlain ? po : _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
+  if (KIND == kParity) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
+  }
+  if (KIND == kSign) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
+  }
+  const __m512i vlo = _mm512_set1_epi64(q.lo - q.zs), vhi = _mm512_set1_epi64(q.hi - q.zs);
+  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), vlo), vhi);
+  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), vlo), vhi);
+  __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
+  v = _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+  const int left = q.nch - j0;
+  if (left >= 16) _mm512_storeu_si512(y + j0, v);
+  else _mm512_mask_storeu_epi32(y + j0, static_cast<__mmask16>((1u << left) - 1), v);
+}
 
 // Channels j0 .. j0 + 15 of one row (the arrays cover all 16 lanes: they are padded to whole panels): the
 // int64 rule on each half of 8 lanes, v = (p + A (+ the rounding bit)) >> s + zs, then v saturated to int32
@@ -300,10 +343,17 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
 #define ZN_STORE16(r)                                                              \
   if constexpr (MR > r) {                                                          \
     int32_t* yr = y + r * ldy;                                                     \
-    rq16_wide<KIND>(l##r##0, h##r##0, rqv, 0, yr);                                 \
-    if constexpr (NV > 1) rq16_wide<KIND>(l##r##1, h##r##1, rqv, 16, yr);          \
-    if constexpr (NV > 2) rq16_wide<KIND>(l##r##2, h##r##2, rqv, 32, yr);          \
-    if constexpr (NV > 3) rq16_wide<KIND>(l##r##3, h##r##3, rqv, 48, yr);          \
+    if constexpr (M32) {                                                           \
+      rq16_wide32<KIND>(l##r##0, h##r##0, rqv, 0, yr);                             \
+      if constexpr (NV > 1) rq16_wide32<KIND>(l##r##1, h##r##1, rqv, 16, yr);      \
+      if constexpr (NV > 2) rq16_wide32<KIND>(l##r##2, h##r##2, rqv, 32, yr);      \
+      if constexpr (NV > 3) rq16_wide32<KIND>(l##r##3, h##r##3, rqv, 48, yr);      \
+    } else {                                                                       \
+      rq16_wide<KIND>(l##r##0, h##r##0, rqv, 0, yr);                               \
+      if constexpr (NV > 1) rq16_wide<KIND>(l##r##1, h##r##1, rqv, 16, yr);        \
+      if constexpr (NV > 2) rq16_wide<KIND>(l##r##2, h##r##2, rqv, 32, yr);        \
+      if constexpr (NV > 3) rq16_wide<KIND>(l##r##3, h##r##3, rqv, 48, yr);        \
+    }                                                                              \
   }
 
 // The A side of mk_vnni16: MR <= 3 output positions, each a base pointer rows[r]; the k axis is taps
@@ -316,8 +366,9 @@ struct Rows16 {
   int64_t taps, cq, hoff;
 };
 
-// MR <= 3 output positions x NV blocks: both planes' int32 sums by vpdpbusd, then rq16_wide to y rows.
-template <int MR, int KIND, int NV>
+// MR <= 3 output positions x NV blocks: both planes' int32 sums by vpdpbusd, then rq16_wide (rq16_wide32
+// for M32) to y rows.
+template <int MR, int KIND, bool M32, int NV>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(const Rows16& a, const int8_t* b,
                                                                                 const Rq16Args& rq, int32_t* y,
                                                                                 int64_t ldy) {
@@ -344,20 +395,20 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(c
 #undef ZN_STORE16
 
 using Vnni16Fn = void (*)(const Rows16&, const int8_t*, const Rq16Args&, int32_t*, int64_t);
-template <int KIND, int NV>
+template <int KIND, bool M32, int NV>
 Vnni16Fn vnni16_for(int mr) {
-  return mr == 1 ? mk_vnni16<1, KIND, NV> : (mr == 2 ? mk_vnni16<2, KIND, NV> : mk_vnni16<3, KIND, NV>);
+  return mr == 1 ? mk_vnni16<1, KIND, M32, NV> : (mr == 2 ? mk_vnni16<2, KIND, M32, NV> : mk_vnni16<3, KIND, M32, NV>);
 }
-template <int KIND>
+template <int KIND, bool M32>
 Vnni16Fn vnni16_nv(int mr, int nv) {
-  if (nv == 1) return vnni16_for<KIND, 1>(mr);
-  if (nv == 2) return vnni16_for<KIND, 2>(mr);
-  return vnni16_for<KIND, 4>(mr);
+  if (nv == 1) return vnni16_for<KIND, M32, 1>(mr);
+  if (nv == 2) return vnni16_for<KIND, M32, 2>(mr);
+  return vnni16_for<KIND, M32, 4>(mr);
 }
-Vnni16Fn vnni16_kernel(int mr, int nv, int kind) {
-  if (kind == kParity) return vnni16_nv<kParity>(mr, nv);
-  if (kind == kSign) return vnni16_nv<kSign>(mr, nv);
-  return vnni16_nv<kPlain>(mr, nv);
+Vnni16Fn vnni16_kernel(int mr, int nv, int kind, bool m32) {
+  if (kind == kParity) return m32 ? vnni16_nv<kParity, true>(mr, nv) : vnni16_nv<kParity, false>(mr, nv);
+  if (kind == kSign) return m32 ? vnni16_nv<kSign, true>(mr, nv) : vnni16_nv<kSign, false>(mr, nv);
+  return m32 ? vnni16_nv<kPlain, true>(mr, nv) : vnni16_nv<kPlain, false>(mr, nv);
 }
 
 // The portable form: t = 256 hi + lo - zw in int64, requant_tail, int32 codes.
@@ -483,6 +534,8 @@ struct QConvKernel {
   F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
   int vkind = kPlain;         // the VNNI path's rounding kind: kind, or kF64Floor / kF64Even
   bool direct16 = false;      // QConv16 by compute16_direct (the weights packed in its segments)
+  bool w32 = false;           // QConv16 on AVX-512 with int32 multipliers: rq16_wide32 (kwe, kwo)
+  std::vector<int64_t> kwe, kwo;  // its K - M zs sum w (+ A for kPlain), even / odd channels of each 16-group
   int64_t kseg = 0;           // weight rows per packed segment (pack)
 
   QConvKernel(const OrtKernelInfo* info, bool wide16) : wide(wide16) {
@@ -550,6 +603,19 @@ struct QConvKernel {
         f64.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xm.data(), kind,
                   zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
+    // rq16_wide32: int32 multipliers and [lo - zs, hi - zs] and zs within int32; K - M zw (+ A for kPlain)
+    // in wrapping 64-bit arithmetic (rq16_wide32 forms p modulo 2^64)
+    w32 = wide && isa == 2 && !mult32.empty() && lo - zs >= INT32_MIN && hi - zs <= INT32_MAX &&
+          zs >= INT32_MIN && zs <= INT32_MAX;
+    if (w32) {
+      kwe.assign(zw64.size() / 2, 0);
+      kwo.assign(zw64.size() / 2, 0);
+      for (size_t ch = 0; ch < zw64.size(); ++ch) {
+        uint64_t v = static_cast<uint64_t>(cnst[ch]) - static_cast<uint64_t>(mult[ch]) * static_cast<uint64_t>(zw64[ch]);
+        if (kind == kPlain) v += static_cast<uint64_t>(addend[ch]);
+        (ch % 2 ? kwo : kwe)[ch / 16 * 8 + ch % 16 / 2] = static_cast<int64_t>(v);
+      }
+    }
     if (kind == kPlain && !wide) {  // rq16_32's kPlain form: K + A (fold_plain)
       for (size_t ch = 0; ch < zw.size(); ++ch) {
         const int64_t f = fold_plain(cnst[ch], addend[ch]);
@@ -686,8 +752,12 @@ struct QConvKernel {
         const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
         const int nv = (nch + kLanes - 1) / kLanes;
         const int8_t* bp = packed.data() + pn * kp * kPanel;
+        const int64_t h0 = o0 / 2;
         const Rq16Args rq{zw64.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
-                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
+                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch,
+                          w32 ? mult32.data() + o0 : nullptr, w32 ? kwe.data() + h0 : nullptr,
+                          w32 ? kwo.data() + h0 : nullptr, se.data() + h0, so.data() + h0, ae.data() + h0,
+                          ao.data() + h0, be.data() + h0, bo.data() + h0};
         // the output position (b, oy, ox) of row r0, then stepped one position at a time (no divisions per tile)
         int64_t b = r0 / (oh * ow), oy = (r0 / ow) % oh, ox = r0 % ow;
         for (int64_t r = 0; r < rows; r += 3) {
@@ -701,7 +771,7 @@ struct QConvKernel {
             }
           }
           for (int i = mr; i < 3; ++i) a.rows[i] = a.rows[mr - 1];
-          vnni16_kernel(mr, nv, kind)(a, bp, rq, y + (r0 + r) * o + o0, o);
+          vnni16_kernel(mr, nv, kind, w32)(a, bp, rq, y + (r0 + r) * o + o0, o);
         }
       }
     });
@@ -756,7 +826,8 @@ struct QConvKernel {
         const int nv = (nch + kLanes - 1) / kLanes;
         const int8_t* bp = packed.data() + pn * kp * kPanel;
         const Rq16Args rq{zw64.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
-                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
+                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch, nullptr, nullptr, nullptr,
+                          nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
         const int step = isa == 2 ? 3 : kMR;
         for (int64_t r = 0; r < rows; r += step) {
           const int mr = static_cast<int>(std::min<int64_t>(step, rows - r));
@@ -764,7 +835,7 @@ struct QConvKernel {
           if (isa == 2) {
             const int64_t whole[1] = {0};
             const Rows16 ar{{a, a + (mr > 1 ? row : 0), a + (mr > 2 ? 2 * row : 0)}, whole, 1, kp / 4, kp};
-            vnni16_kernel(mr, nv, kind)(ar, bp, rq, y + (r0 + r) * o + o0, o);
+            vnni16_kernel(mr, nv, kind, false)(ar, bp, rq, y + (r0 + r) * o + o0, o);
             continue;
           }
           if (isa == 1) {
