@@ -779,7 +779,8 @@ struct QConvKernel {
 
   // 16-bit codes: the input split once into its low and high byte planes (uint8 NHWC each), then per block
   // the im2col rows of both planes side by side (row r: the low plane's kp bytes, then the high plane's;
-  // the pad code's low and high bytes outside the input) and mk_vnni16 / two portable GEMMs per tile.
+  // the pad code's low and high bytes outside the input) and two AVX-VNNI or portable GEMMs per tile (the
+  // AVX-512 VNNI path is compute16_direct).
   void compute16(const Ort::KernelContext& ctx, const int32_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
                  int64_t oh, int64_t ow, int32_t* y, int64_t total) const {
     const int64_t o = outs, row = 2 * kp, size = n * h * w * c;
@@ -825,19 +826,9 @@ struct QConvKernel {
         const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
         const int nv = (nch + kLanes - 1) / kLanes;
         const int8_t* bp = packed.data() + pn * kp * kPanel;
-        const Rq16Args rq{zw64.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
-                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch, nullptr, nullptr, nullptr,
-                          nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
-        const int step = isa == 2 ? 3 : kMR;
-        for (int64_t r = 0; r < rows; r += step) {
-          const int mr = static_cast<int>(std::min<int64_t>(step, rows - r));
+        for (int64_t r = 0; r < rows; r += kMR) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           const uint8_t* a = col + r * row;
-          if (isa == 2) {
-            const int64_t whole[1] = {0};
-            const Rows16 ar{{a, a + (mr > 1 ? row : 0), a + (mr > 2 ? 2 * row : 0)}, whole, 1, kp / 4, kp};
-            vnni16_kernel(mr, nv, kind, false)(ar, bp, rq, y + (r0 + r) * o + o0, o);
-            continue;
-          }
           if (isa == 1) {
             gemm_avxvnni(a, row, bp, kp / 4, tlo, mr, nv);
             gemm_avxvnni(a + kp, row, bp, kp / 4, thi, mr, nv);
