@@ -59,7 +59,10 @@ def reference(args: list[np.ndarray], op: Op) -> np.ndarray:
 
 
 def lower_ort(low: Any, op: Op, args: list[Val], ost: Storage, oinfo: TensorInfo) -> str:
-    """``Clip`` on stored codes."""
+    """``Clip`` on stored codes; none when ``[lo, hi]`` holds the input's whole code range ``[qmin, qmax]``
+    (the clamp is then the identity: a residual add's Relu on an output grid whose zero point is its qmin)."""
+    if op.attrs["lo"] <= args[0].info.qmin and op.attrs["hi"] >= args[0].info.qmax:
+        return args[0].name
     return clip_stored(low.b, args[0].name, op.attrs["lo"], op.attrs["hi"], args[0].st)
 
 

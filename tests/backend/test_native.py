@@ -118,6 +118,52 @@ def test_requant_two_terms_broadcast(mode: str) -> None:
         assert np.array_equal(sess.run(None, {"a": a, "c": cc})[0], want)
 
 
+@pytest.mark.parametrize("mode", ROUND_MODES)
+def test_requant_two_int32_terms(mode: str) -> None:
+    """Two int32 terms into int32 (a 16-bit residual add, fused in one pass): per channel along the last axis
+    (NHWC) and the second (NCHW); ties (both inputs 0 where K is a tie), negative multipliers and both clamp
+    ends, equal to the numpy formula."""
+    rng = np.random.default_rng(7)
+    ch = 19
+    pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-3, 0.9, ch)]
+    m1 = np.array([p[0] for p in pairs], np.int64)
+    s = np.array([p[1] for p in pairs], np.int64)
+    m2 = (m1 * rng.uniform(0.2, 1.5, ch)).astype(np.int64)
+    m2[:3] *= -1
+    k = (rng.integers(-3, 4, size=ch) << s) + (1 << (s - 1))  # a tie where both inputs are 0
+    x1, x2 = (rng.integers(0, 65536, size=(3, ch, 5, 7)).astype(np.int32) for _ in range(2))
+    x1[0, :, 0], x2[0, :, 0] = 65535, 65535
+    x1[1, :, 0], x2[1, :, 0] = 0, 65535
+    x1[2, :, 0], x2[2, :, 0] = 0, 0
+    acc = m1[:, None, None] * x1.astype(np.int64) + m2[:, None, None] * x2.astype(np.int64) + k[:, None, None]
+    st = storage_of("int16")
+    want = requantize(acc, 1, s[:, None, None], mode, zero_point=7, lo=-20000, hi=20000) + st.offset
+    for nhwc in (False, True):
+        b = Builder("r")
+        terms = [Term("a", m1.astype(object), 65535.0), Term("c", m2.astype(object), 65535.0)]
+        y = emit_native_requant(
+            b,
+            terms,
+            k.astype(object),
+            s,
+            mode,
+            7,
+            -20000,
+            20000,
+            st,
+            (-1,) if nhwc else (-1, 1, 1),
+            where="t",
+        )
+        assert y is not None and b.nodes[-1].op_type == "RequantI32"
+        assert next(a.i for a in b.nodes[-1].attribute if a.name == "wide") == 0
+        inputs = [("a", TensorProto.INT32, None), ("c", TensorProto.INT32, None)]
+        sess = lowered_session(_model(b, y, inputs, TensorProto.INT32), True)
+        feed = [np.ascontiguousarray(v.transpose(0, 2, 3, 1)) if nhwc else v for v in (x1, x2)]
+        got = sess.run(None, {"a": feed[0], "c": feed[1]})[0]
+        got = got.transpose(0, 3, 1, 2) if nhwc else got
+        assert np.array_equal(got, want), (mode, nhwc, int(np.sum(got != want)))
+
+
 @pytest.mark.parametrize("dil", [[1, 2], [2, 1]])  # [2, 1]: adjacent taps copied as one run
 @pytest.mark.parametrize("plane", [0, 1, 2])
 def test_im2col_and_byte_planes(plane: int, dil: list[int]) -> None:
@@ -476,19 +522,32 @@ def test_qdwconv_matches_numpy(
 
 @pytest.mark.parametrize("isa", ["host", "avx-vnni", "baseline"])
 @pytest.mark.parametrize(
-    ("c", "o", "kernel", "strides", "pads"),
+    ("c", "o", "kernel", "strides", "pads", "dil"),
     [
-        (5, 70, [3, 3], [1, 1], [1, 1, 1, 1]),
-        (3, 16, [7, 7], [2, 2], [3, 3, 3, 3]),
-        (8, 130, [1, 1], [1, 1], [0] * 4),
-        (16, 200, [3, 3], [1, 1], [1, 1, 1, 1]),  # two blocks of positions: split into panel groups
+        (5, 70, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        (3, 16, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1]),  # the stem: kernel rows of 21 bytes, padded to 24
+        (8, 130, [1, 1], [1, 1], [0] * 4, [1, 1]),
+        (16, 200, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),  # two blocks of positions: split into panel groups
+        (4, 70, [3, 2], [2, 1], [0, 2, 1, 0], [2, 1]),  # asymmetric pads, row dilation: kernel-row segments
+        (6, 20, [2, 3], [1, 2], [1, 0, 0, 1], [1, 2]),  # column dilation: one segment per tap, 6 -> 8 bytes
     ],
 )
+@pytest.mark.parametrize("big", [False, True])
 def test_qconv16_matches_numpy(
-    c: int, o: int, kernel: list, strides: list, pads: list, isa: str, monkeypatch: pytest.MonkeyPatch
+    c: int,
+    o: int,
+    kernel: list,
+    strides: list,
+    pads: list,
+    dil: list,
+    isa: str,
+    big: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """QConv16 (16-bit codes x int8 weights: two byte planes, int64 combination, one requantization) == the
-    numpy formula with exact int64 sums, for each rounding mode, on every GEMM path."""
+    numpy formula with exact int64 sums, for each rounding mode, on every GEMM path (the AVX-512 one reads
+    the padded planes in kernel-row or tap segments, the others build im2col rows); ``big``: one multiplier
+    beyond int32 (the AVX-512 requantization then takes int64 multipliers instead of vpmuldq)."""
     if isa == "host":
         monkeypatch.delenv(native.ISA_ENV, raising=False)
     else:
@@ -502,17 +561,19 @@ def test_qconv16_matches_numpy(
     xp = np.pad(
         x.astype(np.int64), [(0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)], constant_values=zp
     )
-    oh = (xp.shape[1] - kernel[0]) // strides[0] + 1
-    ow = (xp.shape[2] - kernel[1]) // strides[1] + 1
+    oh = (xp.shape[1] - ((kernel[0] - 1) * dil[0] + 1)) // strides[0] + 1
+    ow = (xp.shape[2] - ((kernel[1] - 1) * dil[1] + 1)) // strides[1] + 1
     taps = [
-        xp[:, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
-        for i in range(kernel[0])
-        for j in range(kernel[1])
-    ]
+        xp[:, i * dil[0] : i * dil[0] + strides[0] * (oh - 1) + 1 : strides[0],
+           j * dil[1] : j * dil[1] + strides[1] * (ow - 1) + 1 : strides[1]]
+        for i in range(kernel[0]) for j in range(kernel[1])
+    ]  # fmt: skip
     acc = (np.concatenate(taps, axis=3) - zp) @ w.astype(np.int64)
     pairs = [quantize_multiplier(float(r), 31, (0, 63)) for r in rng.uniform(1e-4, 3e-2, o)]
     m, s = (np.array([p[i] for p in pairs], np.int64) for i in (0, 1))
     bias = rng.integers(-50000, 50000, size=o)
+    if big:
+        m[0], s[0] = 2**31 + 5, 45
     st = storage_of("int16")
     for mode in ROUND_MODES:
         want = requantize(acc + bias, m, s, mode, zero_point=-5, lo=-32768, hi=32767) + st.offset
@@ -521,7 +582,7 @@ def test_qconv16_matches_numpy(
             [term], m.astype(object) * bias.astype(object), s, mode, -5, -32768, 32767, st, (-1,), where="t"
         )
         b = Builder("q")
-        y = emit_qconv(b, "x", w, kernel, strides, pads, [1, 1], zp, attrs, wide=True)
+        y = emit_qconv(b, "x", w, kernel, strides, pads, dil, zp, attrs, wide=True)
         assert y is not None and [n.op_type for n in b.nodes] == ["QConv16"]
         sess = lowered_session(_model(b, y, [("x", TensorProto.INT32, None)], TensorProto.INT32), True)
         got = sess.run(None, {"x": x})[0]

@@ -357,3 +357,21 @@ def test_pools_lut_resize_concat_clamp(ceil: int, native: bool) -> None:
     ops[6].attrs["kernel"] = [18, 12]
     x = rng.integers(-128, 128, size=shape).astype(np.int8)
     assert _assert_exact(_program(ops, infos), {"x": x}, native) == len(ops)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_clamp_over_the_whole_code_range_emits_no_clip(dtype: str) -> None:
+    """A clamp whose bounds hold the input's whole code range is the identity (no ORT node); a narrower one
+    stays a Clip; both equal the reference, also as the program's output."""
+    lo, hi = _RANGES[dtype]
+    ops = [
+        Op("clamp", "whole", ["x"], ["a"], {"lo": lo, "hi": hi}, {}),
+        Op("clamp", "narrow", ["a"], ["b"], {"lo": lo + 3, "hi": hi}, {}),
+        Op("clamp", "last", ["b"], ["y"], {"lo": lo - 1, "hi": hi}, {}),
+    ]
+    prog = _program(ops, [_info(t, dtype) for t in "xaby"])
+    model = program_to_model(prog, name="p", native=False)
+    assert [n.op_type for n in model.graph.node].count("Clip") == 1
+    x = np.random.default_rng(0).integers(lo, hi + 1, size=(2, 50)).astype(dtype)
+    x[0, :2] = [lo, hi]
+    assert _assert_exact(prog, {"x": x}) == 3

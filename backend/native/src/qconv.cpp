@@ -243,14 +243,62 @@ struct Rq16Args {
   const int64_t *zw, *m, *k, *s, *a, *b;
   int64_t zs, lo, hi;
   int nch;
+  // rq16_wide32's tables (even / odd channels of each 16-group, like RqArgs): the multipliers as int32,
+  // K - M zs sum w (+ A for kPlain) as ke / ko, and s, A, B
+  const int32_t* m32;
+  const int64_t *ke, *ko, *se, *so, *ae, *ao, *be, *bo;
 };
 
+// rq16_wide for int32 multipliers (M32, tables built at creation): the int64 p of the even and, after a
+// 32-bit shift, the odd lanes by vpmuldq, p = M S_lo + (M S_hi << 8) + (K - M zw) in wrapping 64-bit
+// arithmetic (M S_hi and M S_lo are exact int64 products, and p mod 2^64 is the p of rq16_wide, which fits
+// int64), then RequantU8's rule as rq16_32_values: the clamp to [lo - zs, hi - zs] (int32, checked at
+// creation) in int64, the halves interleaved back into int32 lanes and zs added. The same integers.
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_wide32(
+    __m512i lo, __m512i hi, const Rq16Args& q, int j0, int32_t* y) {
+  if (j0 >= q.nch) return;
+  const int g = j0 / 2;
+  const __m512i m = _mm512_loadu_si512(q.m32 + j0), mo = _mm512_srli_epi64(m, 32);
+  const __m512i pe = _mm512_add_epi64(
+      _mm512_add_epi64(_mm512_mul_epi32(lo, m), _mm512_slli_epi64(_mm512_mul_epi32(hi, m), 8)),
+      _mm512_loadu_si512(q.ke + g));
+  const __m512i po = _mm512_add_epi64(
+      _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(lo, 32), mo),
+                       _mm512_slli_epi64(_mm512_mul_epi32(_mm512_srli_epi64(hi, 32), mo), 8)),
+      _mm512_loadu_si512(q.ko + g));
+  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
+  __m512i te = KIND == kPlain ? pe : _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
+  __m512i to = KIND == kPlain ? po : _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
+  if (KIND == kParity) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
+  }
+  if (KIND == kSign) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
+  }
+  const __m512i vlo = _mm512_set1_epi64(q.lo - q.zs), vhi = _mm512_set1_epi64(q.hi - q.zs);
+  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), vlo), vhi);
+  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), vlo), vhi);
+  __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
+  v = _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+  const int left = q.nch - j0;
+  if (left >= 16) _mm512_storeu_si512(y + j0, v);
+  else _mm512_mask_storeu_epi32(y + j0, static_cast<__mmask16>((1u << left) - 1), v);
+}
+
+// Channels j0 .. j0 + 15 of one row (the arrays cover all 16 lanes: they are padded to whole panels): the
+// int64 rule on each half of 8 lanes, v = (p + A (+ the rounding bit)) >> s + zs, then v saturated to int32
+// (vpmovsqd) and clamped to [lo, hi] in int32 lanes: the same integers as the int64 clamp, as lo and hi lie
+// in int32 (checked at creation), and one 16-lane store.
 template <int KIND>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline void rq16_wide(
     __m512i lo, __m512i hi, const Rq16Args& q, int j0, int32_t* y) {
+  if (j0 >= q.nch) return;
+  __m256i half[2];
   for (int h = 0; h < 2; ++h) {
     const int j = j0 + 8 * h;
-    if (j >= q.nch) return;
     const __m512i l64 = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(lo, 1) : _mm512_castsi512_si256(lo));
     const __m512i h64 = _mm512_cvtepi32_epi64(h ? _mm512_extracti64x4_epi64(hi, 1) : _mm512_castsi512_si256(hi));
     const __m512i t = _mm512_sub_epi64(_mm512_add_epi64(_mm512_slli_epi64(h64, 8), l64), _mm512_loadu_si512(q.zw + j));
@@ -259,11 +307,14 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
     __m512i u = _mm512_add_epi64(p, _mm512_loadu_si512(q.a + j));
     if (KIND == kParity) u = _mm512_add_epi64(u, _mm512_and_si512(_mm512_srav_epi64(p, sh), _mm512_loadu_si512(q.b + j)));
     if (KIND == kSign) u = _mm512_add_epi64(u, _mm512_and_si512(_mm512_srai_epi64(p, 63), _mm512_loadu_si512(q.b + j)));
-    __m512i v = _mm512_add_epi64(_mm512_srav_epi64(u, sh), _mm512_set1_epi64(q.zs));
-    v = _mm512_min_epi64(_mm512_max_epi64(v, _mm512_set1_epi64(q.lo)), _mm512_set1_epi64(q.hi));
-    const __mmask8 mask = j + 8 <= q.nch ? __mmask8(0xFF) : __mmask8((1u << (q.nch - j)) - 1);
-    _mm512_mask_cvtepi64_storeu_epi32(y + j, mask, v);
+    half[h] = _mm512_cvtsepi64_epi32(_mm512_add_epi64(_mm512_srav_epi64(u, sh), _mm512_set1_epi64(q.zs)));
   }
+  __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1);
+  v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.lo))),
+                       _mm512_set1_epi32(static_cast<int32_t>(q.hi)));
+  const int left = q.nch - j0;
+  if (left >= 16) _mm512_storeu_si512(y + j0, v);
+  else _mm512_mask_storeu_epi32(y + j0, static_cast<__mmask16>((1u << left) - 1), v);
 }
 
 #define ZN_ACC16(r) __m512i l##r##0 = _mm512_setzero_si512(), l##r##1 = l##r##0, l##r##2 = l##r##0, l##r##3 = l##r##0, \
@@ -271,8 +322,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
 #define ZN_ROW16(r)                                                                \
   if constexpr (MR > r) {                                                          \
     int32_t ql, qh;                                                                \
-    std::memcpy(&ql, a + r * lda + 4 * q, 4);                                      \
-    std::memcpy(&qh, a + r * lda + kp + 4 * q, 4);                                 \
+    std::memcpy(&ql, p##r + 4 * q, 4);                                             \
+    std::memcpy(&qh, p##r + hoff + 4 * q, 4);                                      \
     const __m512i al = _mm512_set1_epi32(ql), ah = _mm512_set1_epi32(qh);          \
     l##r##0 = _mm512_dpbusd_epi32(l##r##0, al, b0);                                \
     h##r##0 = _mm512_dpbusd_epi32(h##r##0, ah, b0);                                \
@@ -292,48 +343,72 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
 #define ZN_STORE16(r)                                                              \
   if constexpr (MR > r) {                                                          \
     int32_t* yr = y + r * ldy;                                                     \
-    rq16_wide<KIND>(l##r##0, h##r##0, rq, 0, yr);                                  \
-    if constexpr (NV > 1) rq16_wide<KIND>(l##r##1, h##r##1, rq, 16, yr);           \
-    if constexpr (NV > 2) rq16_wide<KIND>(l##r##2, h##r##2, rq, 32, yr);           \
-    if constexpr (NV > 3) rq16_wide<KIND>(l##r##3, h##r##3, rq, 48, yr);           \
+    if constexpr (M32) {                                                           \
+      rq16_wide32<KIND>(l##r##0, h##r##0, rqv, 0, yr);                             \
+      if constexpr (NV > 1) rq16_wide32<KIND>(l##r##1, h##r##1, rqv, 16, yr);      \
+      if constexpr (NV > 2) rq16_wide32<KIND>(l##r##2, h##r##2, rqv, 32, yr);      \
+      if constexpr (NV > 3) rq16_wide32<KIND>(l##r##3, h##r##3, rqv, 48, yr);      \
+    } else {                                                                       \
+      rq16_wide<KIND>(l##r##0, h##r##0, rqv, 0, yr);                               \
+      if constexpr (NV > 1) rq16_wide<KIND>(l##r##1, h##r##1, rqv, 16, yr);        \
+      if constexpr (NV > 2) rq16_wide<KIND>(l##r##2, h##r##2, rqv, 32, yr);        \
+      if constexpr (NV > 3) rq16_wide<KIND>(l##r##3, h##r##3, rqv, 48, yr);        \
+    }                                                                              \
   }
 
-// MR <= 3 output positions (rows of lda bytes: the low plane's kp bytes, then the high plane's) x NV blocks.
-template <int MR, int KIND, int NV>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(const uint8_t* a, int64_t lda,
-                                                                                int64_t kp, const int8_t* b,
+// The A side of mk_vnni16: MR <= 3 output positions, each a base pointer rows[r]; the k axis is taps
+// segments of cq quads, segment t at rows[r] + toff[t] (low bytes) and hoff bytes further on (high bytes).
+// An im2col row is one segment (toff {0}, hoff kp); a conv read straight from the padded planes (compute16)
+// has one segment per kernel tap, C / 4 quads each.
+struct Rows16 {
+  const uint8_t* rows[3];
+  const int64_t* toff;
+  int64_t taps, cq, hoff;
+};
+
+// MR <= 3 output positions x NV blocks: both planes' int32 sums by vpdpbusd, then rq16_wide (rq16_wide32
+// for M32) to y rows.
+template <int MR, int KIND, bool M32, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni16(const Rows16& a, const int8_t* b,
                                                                                 const Rq16Args& rq, int32_t* y,
                                                                                 int64_t ldy) {
   ZN_ACC16(0) ZN_ACC16(1) ZN_ACC16(2)
-  for (int64_t q = 0; q < kp / 4; ++q) {
-    const int8_t* bq = b + q * kPanel * 4;
-    const __m512i b0 = _mm512_loadu_si512(bq);
-    const __m512i b1 = NV > 1 ? _mm512_loadu_si512(bq + 64) : b0;
-    const __m512i b2 = NV > 2 ? _mm512_loadu_si512(bq + 128) : b0;
-    const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
-    ZN_ROW16(0) ZN_ROW16(1) ZN_ROW16(2)
+  const int64_t cq = a.cq, hoff = a.hoff;
+  for (int64_t t = 0; t < a.taps; ++t) {
+    const int64_t off = a.toff[t];
+    const uint8_t* p0 = a.rows[0] + off;
+    [[maybe_unused]] const uint8_t* p1 = MR > 1 ? a.rows[1] + off : p0;
+    [[maybe_unused]] const uint8_t* p2 = MR > 2 ? a.rows[2] + off : p0;
+    for (int64_t q = 0; q < cq; ++q, b += kPanel * 4) {
+      const __m512i b0 = _mm512_loadu_si512(b);
+      const __m512i b1 = NV > 1 ? _mm512_loadu_si512(b + 64) : b0;
+      const __m512i b2 = NV > 2 ? _mm512_loadu_si512(b + 128) : b0;
+      const __m512i b3 = NV > 3 ? _mm512_loadu_si512(b + 192) : b0;
+      ZN_ROW16(0) ZN_ROW16(1) ZN_ROW16(2)
+    }
   }
+  const Rq16Args rqv = rq;  // a local copy: the stores cannot alias it, so its fields stay in registers
   ZN_STORE16(0) ZN_STORE16(1) ZN_STORE16(2)
 }
 #undef ZN_ACC16
 #undef ZN_ROW16
 #undef ZN_STORE16
 
-using Vnni16Fn = void (*)(const uint8_t*, int64_t, int64_t, const int8_t*, const Rq16Args&, int32_t*, int64_t);
-template <int KIND, int NV>
+using Vnni16Fn = void (*)(const Rows16&, const int8_t*, const Rq16Args&, int32_t*, int64_t);
+template <int KIND, bool M32, int NV>
 Vnni16Fn vnni16_for(int mr) {
-  return mr == 1 ? mk_vnni16<1, KIND, NV> : (mr == 2 ? mk_vnni16<2, KIND, NV> : mk_vnni16<3, KIND, NV>);
+  return mr == 1 ? mk_vnni16<1, KIND, M32, NV> : (mr == 2 ? mk_vnni16<2, KIND, M32, NV> : mk_vnni16<3, KIND, M32, NV>);
 }
-template <int KIND>
+template <int KIND, bool M32>
 Vnni16Fn vnni16_nv(int mr, int nv) {
-  if (nv == 1) return vnni16_for<KIND, 1>(mr);
-  if (nv == 2) return vnni16_for<KIND, 2>(mr);
-  return vnni16_for<KIND, 4>(mr);
+  if (nv == 1) return vnni16_for<KIND, M32, 1>(mr);
+  if (nv == 2) return vnni16_for<KIND, M32, 2>(mr);
+  return vnni16_for<KIND, M32, 4>(mr);
 }
-Vnni16Fn vnni16_kernel(int mr, int nv, int kind) {
-  if (kind == kParity) return vnni16_nv<kParity>(mr, nv);
-  if (kind == kSign) return vnni16_nv<kSign>(mr, nv);
-  return vnni16_nv<kPlain>(mr, nv);
+Vnni16Fn vnni16_kernel(int mr, int nv, int kind, bool m32) {
+  if (kind == kParity) return m32 ? vnni16_nv<kParity, true>(mr, nv) : vnni16_nv<kParity, false>(mr, nv);
+  if (kind == kSign) return m32 ? vnni16_nv<kSign, true>(mr, nv) : vnni16_nv<kSign, false>(mr, nv);
+  return m32 ? vnni16_nv<kPlain, true>(mr, nv) : vnni16_nv<kPlain, false>(mr, nv);
 }
 
 // The portable form: t = 256 hi + lo - zw in int64, requant_tail, int32 codes.
@@ -458,6 +533,10 @@ struct QConvKernel {
   std::vector<int64_t> xm;    // per channel: max |acc - zw| = xzp-centred input range x sum |w|
   F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
   int vkind = kPlain;         // the VNNI path's rounding kind: kind, or kF64Floor / kF64Even
+  bool direct16 = false;      // QConv16 by compute16_direct (the weights packed in its segments)
+  bool w32 = false;           // QConv16 on AVX-512 with int32 multipliers: rq16_wide32 (kwe, kwo)
+  std::vector<int64_t> kwe, kwo;  // its K - M zs sum w (+ A for kPlain), even / odd channels of each 16-group
+  int64_t kseg = 0;           // weight rows per packed segment (pack)
 
   QConvKernel(const OrtKernelInfo* info, bool wide16) : wide(wide16) {
     Ort::ConstKernelInfo ki(info);
@@ -513,12 +592,30 @@ struct QConvKernel {
     if (wi.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 || wshape.size() != 2 || wshape[1] != channels)
       throw std::runtime_error("QConv: weights must be int8 [kh kw C, O] with O = the requantization channels");
     if (wshape[0] * 255 * 128 >= (int64_t{1} << 31)) throw std::runtime_error("QConv: int32 sums could overflow");
-    pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1]);
+    // 16-bit codes on the AVX-512 VNNI path: compute16_direct, in segments of a kernel row (kw C rows of the
+    // weights, contiguous in a padded input row when dw == 1) or of a tap (C rows)
+    direct16 = wide && isa == 2 && wshape[0] % (kh * kw) == 0;
+    const int64_t cin = wshape[0] / (kh * kw);
+    pack(static_cast<const int8_t*>(wv.GetTensorRawData()), wshape[0], wshape[1],
+         direct16 ? (dw == 1 ? kw * cin : cin) : wshape[0]);
     vkind = kind;
     if (!wide && !mult32.empty() &&
         f64.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xm.data(), kind,
                   zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
+    // rq16_wide32: int32 multipliers and [lo - zs, hi - zs] and zs within int32; K - M zw (+ A for kPlain)
+    // in wrapping 64-bit arithmetic (rq16_wide32 forms p modulo 2^64)
+    w32 = wide && isa == 2 && !mult32.empty() && lo - zs >= INT32_MIN && hi - zs <= INT32_MAX &&
+          zs >= INT32_MIN && zs <= INT32_MAX;
+    if (w32) {
+      kwe.assign(zw64.size() / 2, 0);
+      kwo.assign(zw64.size() / 2, 0);
+      for (size_t ch = 0; ch < zw64.size(); ++ch) {
+        uint64_t v = static_cast<uint64_t>(cnst[ch]) - static_cast<uint64_t>(mult[ch]) * static_cast<uint64_t>(zw64[ch]);
+        if (kind == kPlain) v += static_cast<uint64_t>(addend[ch]);
+        (ch % 2 ? kwo : kwe)[ch / 16 * 8 + ch % 16 / 2] = static_cast<int64_t>(v);
+      }
+    }
     if (kind == kPlain && !wide) {  // rq16_32's kPlain form: K + A (fold_plain)
       for (size_t ch = 0; ch < zw.size(); ++ch) {
         const int64_t f = fold_plain(cnst[ch], addend[ch]);
@@ -527,9 +624,14 @@ struct QConvKernel {
     }
   }
 
-  void pack(const int8_t* w, int64_t kdim, int64_t o) {
+  // The weights as panels of 64 channels, k-quads of 4 rows. The k rows are taken in segments of seg rows
+  // (kdim for an im2col row, a kernel row or tap for compute16_direct), each padded with zero weights to a
+  // whole number of quads, so the GEMM reads every segment as its own run of quads.
+  void pack(const int8_t* w, int64_t kdim, int64_t o, int64_t seg) {
     k = kdim;
-    kp = (kdim + 3) / 4 * 4;
+    kseg = seg;
+    const int64_t segp = (seg + 3) / 4 * 4;
+    kp = kdim / seg * segp;
     outs = o;
     const int64_t panels = (o + kPanel - 1) / kPanel;
     packed.assign(static_cast<size_t>(panels * kp * kPanel), 0);
@@ -545,13 +647,16 @@ struct QConvKernel {
         mag[static_cast<size_t>(oc)] += row[oc] < 0 ? -row[oc] : row[oc];
       }
     }
-    // packed[pn][q][j][t] = w[4 q + t][pn kPanel + j]: four rows at a time, each channel's four bytes one
-    // 32-bit word (t = byte t), so the writes run in order (zero past k and o: a missing row reads zeros).
+    // packed[pn][q][j][t] = w[kk][pn kPanel + j] for padded row 4 q + t = segment s, entry e (kk = s seg + e;
+    // zero where e >= seg, past k or past o): four padded rows at a time, each channel's four bytes one
+    // 32-bit word (t = byte t), so the writes run in order (a padding row reads zeros).
     const std::vector<uint8_t> zeros(static_cast<size_t>(o), 0);
     for (int64_t q = 0; q < kp / 4; ++q) {
       const uint8_t* rows[4];
-      for (int t = 0; t < 4; ++t)
-        rows[t] = 4 * q + t < kdim ? reinterpret_cast<const uint8_t*>(w + (4 * q + t) * o) : zeros.data();
+      for (int t = 0; t < 4; ++t) {
+        const int64_t e = (4 * q + t) % segp, kk = (4 * q + t) / segp * seg + e;
+        rows[t] = e < seg && kk < kdim ? reinterpret_cast<const uint8_t*>(w + kk * o) : zeros.data();
+      }
       for (int64_t pn = 0; pn < panels; ++pn) {
         const int64_t o0 = pn * kPanel, n = std::min<int64_t>(kPanel, o - o0);
         int8_t* dst = packed.data() + (pn * kp + 4 * q) * kPanel;
@@ -611,9 +716,84 @@ struct QConvKernel {
     }
   }
 
+  // 16-bit codes on the AVX-512 VNNI path (direct16), with no im2col: the input is split once into its low
+  // and high byte planes, each padded (pixel (b, yy, xx) of the padded input at (b hp + yy) wp + xx times C,
+  // the pad code's byte outside the input; the high plane hoff bytes after the low one). The k axis of
+  // output position (b, oy, ox) is then kernel rows (dw == 1: kw C contiguous bytes) or taps (C bytes), each
+  // at the position's base ((b hp + oy sh) wp + ox sw) C plus the segment's offset (i dh wp (+ j dw) times
+  // C), the same for every position: mk_vnni16 takes the bases and the offsets. The weights are packed in
+  // the same segments, each padded with zero weights to whole quads (pack): the bytes read past a segment's
+  // end (the next pixel's, or the zeroed slack after a plane) are multiplied by 0, so the sums are the
+  // im2col row's, in the same order.
+  void compute16_direct(const Ort::KernelContext& ctx, const int32_t* x, int64_t n, int64_t h, int64_t w,
+                        int64_t c, int64_t oh, int64_t ow, int32_t* y, int64_t total) const {
+    const int64_t o = outs, hp = h + pt + pb, wp = w + pl + pr, plane = n * hp * wp * c, hoff = plane + 64;
+    thread_local std::vector<uint8_t> buffer;  // the calling thread's (as compute16's planes)
+    if (buffer.size() < static_cast<size_t>(2 * hoff)) buffer.resize(static_cast<size_t>(2 * hoff));
+    uint8_t* const lo_plane = buffer.data();
+    uint8_t* const hi_plane = lo_plane + hoff;
+    std::memset(lo_plane + plane, 0, 64);
+    std::memset(hi_plane + plane, 0, 64);
+    const uint8_t plo = static_cast<uint8_t>(xzp & 255), phi = static_cast<uint8_t>(xzp >> 8);
+    const size_t prow = static_cast<size_t>(wp * c);
+    parallel_for(ctx, static_cast<size_t>(n * hp), [&](size_t i) {
+      const int64_t b = static_cast<int64_t>(i) / hp, iy = static_cast<int64_t>(i) % hp - pt;
+      uint8_t* lrow = lo_plane + i * prow;
+      uint8_t* hrow = hi_plane + i * prow;
+      if (iy < 0 || iy >= h) {
+        std::memset(lrow, plo, prow);
+        std::memset(hrow, phi, prow);
+        return;
+      }
+      std::memset(lrow, plo, static_cast<size_t>(pl * c));
+      std::memset(hrow, phi, static_cast<size_t>(pl * c));
+      split_bytes(x + (b * h + iy) * w * c, lrow + pl * c, hrow + pl * c, w * c);
+      std::memset(lrow + (pl + w) * c, plo, static_cast<size_t>(pr * c));
+      std::memset(hrow + (pl + w) * c, phi, static_cast<size_t>(pr * c));
+    });
+    const int64_t nseg = k / kseg;
+    std::vector<int64_t> toff(static_cast<size_t>(nseg));
+    for (int64_t sg = 0; sg < nseg; ++sg)
+      toff[static_cast<size_t>(sg)] = dw == 1 ? sg * dh * wp * c : ((sg / kw) * dh * wp + (sg % kw) * dw) * c;
+    const int64_t block = std::clamp<int64_t>((262144 / (2 * kp)) / 3 * 3, 3, 120);
+    const TaskGrid grid = task_grid(total, block, (o + kPanel - 1) / kPanel, 2 * kp * kPanel);
+    parallel_for(ctx, static_cast<size_t>(grid.blocks * grid.groups), [&](size_t t) {
+      const int64_t task = static_cast<int64_t>(t) / grid.groups, group = static_cast<int64_t>(t) % grid.groups;
+      const int64_t r0 = task * block, rows = std::min<int64_t>(block, total - r0);
+      for (int64_t pn = grid.first_panel(group); pn < grid.first_panel(group + 1); ++pn) {
+        const int64_t o0 = pn * kPanel;
+        const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
+        const int nv = (nch + kLanes - 1) / kLanes;
+        const int8_t* bp = packed.data() + pn * kp * kPanel;
+        const int64_t h0 = o0 / 2;
+        const Rq16Args rq{zw64.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
+                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch,
+                          w32 ? mult32.data() + o0 : nullptr, w32 ? kwe.data() + h0 : nullptr,
+                          w32 ? kwo.data() + h0 : nullptr, se.data() + h0, so.data() + h0, ae.data() + h0,
+                          ao.data() + h0, be.data() + h0, bo.data() + h0};
+        // the output position (b, oy, ox) of row r0, then stepped one position at a time (no divisions per tile)
+        int64_t b = r0 / (oh * ow), oy = (r0 / ow) % oh, ox = r0 % ow;
+        for (int64_t r = 0; r < rows; r += 3) {
+          const int mr = static_cast<int>(std::min<int64_t>(3, rows - r));
+          Rows16 a{{nullptr, nullptr, nullptr}, toff.data(), nseg, kp / nseg / 4, hoff};
+          for (int i = 0; i < mr; ++i) {
+            a.rows[i] = lo_plane + ((b * hp + oy * sh) * wp + ox * sw) * c;
+            if (++ox == ow) {
+              ox = 0;
+              if (++oy == oh) oy = 0, ++b;
+            }
+          }
+          for (int i = mr; i < 3; ++i) a.rows[i] = a.rows[mr - 1];
+          vnni16_kernel(mr, nv, kind, w32)(a, bp, rq, y + (r0 + r) * o + o0, o);
+        }
+      }
+    });
+  }
+
   // 16-bit codes: the input split once into its low and high byte planes (uint8 NHWC each), then per block
   // the im2col rows of both planes side by side (row r: the low plane's kp bytes, then the high plane's;
-  // the pad code's low and high bytes outside the input) and mk_vnni16 / two portable GEMMs per tile.
+  // the pad code's low and high bytes outside the input) and two AVX-VNNI or portable GEMMs per tile (the
+  // AVX-512 VNNI path is compute16_direct).
   void compute16(const Ort::KernelContext& ctx, const int32_t* x, int64_t n, int64_t h, int64_t w, int64_t c,
                  int64_t oh, int64_t ow, int32_t* y, int64_t total) const {
     const int64_t o = outs, row = 2 * kp, size = n * h * w * c;
@@ -659,16 +839,9 @@ struct QConvKernel {
         const int nch = static_cast<int>(std::min<int64_t>(kPanel, o - o0));
         const int nv = (nch + kLanes - 1) / kLanes;
         const int8_t* bp = packed.data() + pn * kp * kPanel;
-        const Rq16Args rq{zw64.data() + o0, mult.data() + o0, cnst.data() + o0, shift.data() + o0,
-                          addend.data() + o0, bmask.data() + o0, zs, lo, hi, nch};
-        const int step = isa == 2 ? 3 : kMR;
-        for (int64_t r = 0; r < rows; r += step) {
-          const int mr = static_cast<int>(std::min<int64_t>(step, rows - r));
+        for (int64_t r = 0; r < rows; r += kMR) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           const uint8_t* a = col + r * row;
-          if (isa == 2) {
-            vnni16_kernel(mr, nv, kind)(a, row, kp, bp, rq, y + (r0 + r) * o + o0, o);
-            continue;
-          }
           if (isa == 1) {
             gemm_avxvnni(a, row, bp, kp / 4, tlo, mr, nv);
             gemm_avxvnni(a + kp, row, bp, kp / 4, thi, mr, nv);
@@ -702,6 +875,11 @@ struct QConvKernel {
     Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, o});
     const int64_t total = n * oh * ow;
     if (total == 0) return;
+    if (direct16) {
+      compute16_direct(ctx, static_cast<const int32_t*>(xv.GetTensorRawData()), n, h, w, c, oh, ow,
+                       static_cast<int32_t*>(out.GetTensorMutableRawData()), total);
+      return;
+    }
     if (wide) {
       compute16(ctx, static_cast<const int32_t*>(xv.GetTensorRawData()), n, h, w, c, oh, ow,
                 static_cast<int32_t*>(out.GetTensorMutableRawData()), total);

@@ -106,6 +106,31 @@ ZN_ADD(add_u8, uint8_t)
 ZN_ADD(add_i32, int32_t)
 ZN_ADD(add_i64, int64_t)
 
+// Two int32 terms (a 16-bit residual add) in one pass: p = M1 x1 + M2 x2 + K in int64, the same integers (and
+// the same order of additions) as add_i32 twice and rq_sum_i32, without the int64 sums going through memory.
+template <int KIND, bool LANES>
+inline __attribute__((always_inline)) void fused2(const int32_t* __restrict x1, const int32_t* __restrict x2,
+                                                  int32_t* __restrict y, int64_t n, const int64_t* __restrict m1,
+                                                  const int64_t* __restrict m2, const int64_t* __restrict k,
+                                                  const int64_t* __restrict s, const int64_t* __restrict a,
+                                                  const int64_t* __restrict b, int64_t zs, int64_t lo, int64_t hi) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t c = LANES ? j : 0;
+    const int64_t p = (m1[c] * static_cast<int64_t>(x1[j]) + m2[c] * static_cast<int64_t>(x2[j])) + k[c];
+    y[j] = static_cast<int32_t>(requant_tail<KIND>(p, s[c], a[c], b[c], zs, lo, hi));
+  }
+}
+#define ZN_ENTRY2(NAME, LANES)                                                                                  \
+  ZN_CLONES void NAME(const int32_t* x1, const int32_t* x2, int32_t* y, int64_t n, const int64_t* m1,         \
+                      const int64_t* m2, const int64_t* k, const int64_t* s, const int64_t* a, const int64_t* b, \
+                      int64_t zs, int64_t lo, int64_t hi, int kind) {                                          \
+    if (kind == kPlain) fused2<kPlain, LANES>(x1, x2, y, n, m1, m2, k, s, a, b, zs, lo, hi);                   \
+    else if (kind == kParity) fused2<kParity, LANES>(x1, x2, y, n, m1, m2, k, s, a, b, zs, lo, hi);            \
+    else fused2<kSign, LANES>(x1, x2, y, n, m1, m2, k, s, a, b, zs, lo, hi);                                   \
+  }
+ZN_ENTRY2(rq2_i32_i32_0, false)
+ZN_ENTRY2(rq2_i32_i32_1, true)
+
 // Single-term requantization of one row, by input type.
 template <typename Out>
 void single_row(const void* x, ONNXTensorElementDataType t, Out* y, int64_t n, const int64_t* m, const int64_t* k,
@@ -369,6 +394,14 @@ struct RequantKernel {
           if (p.f64 && ts[0] == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 && ts[1] == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) {
             rq2_row(lanes ? p.rq2_t : p.rq2, static_cast<const uint8_t*>(xs[0]) + off,
                     static_cast<const uint8_t*>(xs[1]) + off, y + off, n, c0, lanes, p.zs, p.lo, p.hi);
+            continue;
+          }
+        }
+        if constexpr (sizeof(Out) == 4) {
+          if (p.terms == 2 && ts[0] == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 && ts[1] == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32) {
+            (lanes ? rq2_i32_i32_1 : rq2_i32_i32_0)(static_cast<const int32_t*>(xs[0]) + off,
+                                                    static_cast<const int32_t*>(xs[1]) + off, y + off, n, mult + c0,
+                                                    mult + mstride + c0, k, sh, a, bm, p.zs, p.lo, p.hi, p.kind);
             continue;
           }
         }
