@@ -5,6 +5,8 @@ conv's output is read by nothing else."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx
 import pytest
@@ -63,20 +65,22 @@ def _conv_codes(rng: np.random.Generator, x: np.ndarray, w: np.ndarray, zp: int)
     return v, rq
 
 
-def _add_params(rng: np.random.Generator, o: int, per_channel: bool, big: bool) -> tuple:
-    """(M1, M2, K, shift) of a two-term requantization, arrays of ``o`` (per channel) or 1 values: 31-bit
-    multipliers with shift 29 (ratios 1 to 4 around code 128: both clamp bounds saturate), small ones with
-    shift 1 (half the sums are ties), negative ones; ``big``: products beyond 2^52 (the float64 form is
-    refused, the int64 loop runs)."""
+def _add_params(rng: np.random.Generator, o: int, per_channel: bool, form: str) -> tuple:
+    """(M1, M2, K, shift) of a two-term requantization, arrays of ``o`` (per channel) or 1 values: ratios 1
+    to 4 around code 128 (both clamp bounds saturate) as 31-bit multipliers with shift 29 (``form`` f64: the
+    float64 form runs on AVX-512) or 15-bit ones with shift 13 (i32: every value fits int32, the int32 form
+    runs); per channel also small ones with shift 1 (half the sums are ties) and a negative one; ``form``
+    i64: one channel's products beyond 2^52 (the float64 form is refused, the int64 loop runs)."""
     n = o if per_channel else 1
-    m1 = rng.integers(1 << 29, 1 << 31, size=n).astype(object)
-    m2 = rng.integers(1 << 29, 1 << 31, size=n).astype(object)
-    s = np.full(n, 29)
+    bits = 15 if form == "i32" else 31
+    m1 = rng.integers(1 << (bits - 2), 1 << bits, size=n).astype(object)
+    m2 = rng.integers(1 << (bits - 2), 1 << bits, size=n).astype(object)
+    s = np.full(n, bits - 2)
     k = np.array([-(int(a) + int(b)) * 128 for a, b in zip(m1, m2, strict=True)], dtype=object)
     if per_channel:  # channel 1: ties; channel 2: a negative multiplier
         m1[1], m2[1], k[1], s[1] = 3, 1, -200, 1
         m2[2], k[2] = -m2[2], int(m2[2]) * 90
-    if big:
+    if form == "i64":
         m1[0], m2[0], k[0], s[0] = (1 << 44) + 3, -(1 << 43) + 5, 1 << 50, 50
     return m1, m2, k, s
 
@@ -100,19 +104,23 @@ def _fused_pair(
 
 
 @pytest.mark.parametrize("isa", ["host", "avx-vnni", "baseline"])
-@pytest.mark.parametrize(("per_channel", "big"), [(False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("conv_term", [0, 1])
+@pytest.mark.parametrize(
+    ("per_channel", "form"), [(False, "f64"), (False, "i32"), (True, "f64"), (True, "i32"), (True, "i64")]
+)
+@pytest.mark.parametrize(("conv_term", "o"), [(0, 70), (1, 70), (1, 24)])
 def test_fused_residual_matches_numpy(
-    isa: str, per_channel: bool, big: bool, conv_term: int, monkeypatch: pytest.MonkeyPatch
+    isa: str, per_channel: bool, form: str, conv_term: int, o: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """QConv with the add fused == QConv then RequantU8 == numpy, each rounding mode, clamps [0, 255] (no
-    ReLU: both bounds saturate) and [zs, 200] (a ReLU and a low upper bound), 70 channels (a partial panel)."""
+    ReLU: both bounds saturate) and [zs, 200] (a ReLU and a low upper bound: half_away and trunc then run
+    as half_up and floor); 70 channels (two panels, the second partial) or 24 (one panel: a block's rows are
+    one contiguous run)."""
     if isa == "host":
         monkeypatch.delenv(native.ISA_ENV, raising=False)
     else:
         monkeypatch.setenv(native.ISA_ENV, isa)
-    rng = np.random.default_rng(3 + conv_term + 2 * per_channel + 4 * big)
-    c, o = 5, 70
+    rng = np.random.default_rng(3 + conv_term + 2 * per_channel + 4 * len(form) + o)
+    c = 5
     x = rng.integers(0, 256, size=(2, 9, 8, c)).astype(np.uint8)
     x[0, :2] = 255
     w = rng.integers(-128, 128, size=(9 * c, o)).astype(np.int8)
@@ -120,10 +128,10 @@ def test_fused_residual_matches_numpy(
     r = rng.integers(0, 256, size=v.shape).astype(np.uint8)
     r[1, :3] = 0
     r[1, 3:5] = 255
-    add = _add_params(rng, o, per_channel, big)
+    add = _add_params(rng, o, per_channel, form)
     m1, m2, k, s = (np.asarray(a).astype(np.int64) for a in add)
     p = m1 * v + m2 * r.astype(np.int64) + k  # |p| < 2^62 (the int64 rule)
-    for mode, clamp in zip(ROUND_MODES, [(128, 0, 255), (128, 128, 200)] * 4, strict=False):
+    for mode, clamp in itertools.product(ROUND_MODES, [(128, 0, 255), (128, 128, 200)]):
         want = requantize(p, 1, s, mode, zero_point=clamp[0], lo=clamp[1], hi=clamp[2])
         assert np.sum(want == clamp[1]) > 0 and 0 < np.sum(want == clamp[2]) < want.size
         plain, fused = _fused_pair(x, w, rq, "r", add, mode, clamp, conv_term)
@@ -148,7 +156,7 @@ def test_fused_residual_broadcast_skip(shape: tuple, isa: str, monkeypatch: pyte
     w = rng.integers(-128, 128, size=(36, 70)).astype(np.int8)
     v, rq = _conv_codes(rng, x, w, 37)
     r = rng.integers(0, 256, size=shape).astype(np.uint8)
-    add = _add_params(rng, 70, True, False)
+    add = _add_params(rng, 70, True, "f64")
     m1, m2, k, s = (np.asarray(a).astype(np.int64) for a in add)
     want = requantize(m1 * v + m2 * r.astype(np.int64) + k, 1, s, "half_away", zero_point=128, lo=0, hi=255)
     plain, fused = _fused_pair(x, w, rq, "r", add, "half_away", (128, 0, 255), 1)
@@ -164,7 +172,7 @@ def test_fused_qconv_refuses_a_half_residual() -> None:
     x = rng.integers(0, 256, size=(1, 4, 4, 4)).astype(np.uint8)
     w = rng.integers(-128, 128, size=(36, 8)).astype(np.int8)
     _, rq = _conv_codes(rng, x, w, 37)
-    add = _add_params(rng, 8, False, False)
+    add = _add_params(rng, 8, False, "f64")
     _, fused = _fused_pair(x, w, rq, "r", add, "floor", (0, 0, 255), 0)
     conv = fused.graph.node[0]
     no_attrs = helper.make_node("QConv", list(conv.input), ["y"], domain=NATIVE_DOMAIN)

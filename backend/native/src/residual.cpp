@@ -6,10 +6,15 @@
 // AVX-512 (as RequantU8 picks it), else the int64 loop (requant_tail). Products must fit int64 (checked at
 // creation: the lowering fuses only adds without int128 products). A skip tensor of another shape than the
 // conv output is added after the conv with numpy broadcasting (exact scalar loop).
+#include <immintrin.h>
+
 #include <algorithm>
 #include <stdexcept>
 
 #include "zonnx_native.h"
+
+// GCC 12 warns inside its own AVX-512 intrinsics headers (_mm512_undefined_* as "maybe uninitialized").
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace zonnx_native {
 namespace {
@@ -24,6 +29,39 @@ inline __attribute__((always_inline)) void res_loop(uint8_t* __restrict y, const
     const int64_t c = LANES ? j : 0;
     const int64_t p = m1[c] * static_cast<int64_t>(y[j]) + m2[c] * static_cast<int64_t>(x[j]) + k[c];
     y[j] = static_cast<uint8_t>(requant_tail<KIND>(p, s[c], a[c], b[c], zs, lo, hi));
+  }
+}
+
+// The int32 form on AVX-512: the same rule in 16 int32 lanes, exact where every value it forms fits int32
+// (255 (|M1| + |M2|) + |K| + |A| + |B| < 2^31, checked per channel: then p, p + A + sel and the shifted
+// value are the int64 rule's integers); kPlain's constant holds K + A. rows rows of n elements, ld apart.
+template <bool LANES>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), always_inline)) inline __m512i chan(const int32_t* t,
+                                                                                                  int64_t c) {
+  return LANES ? _mm512_loadu_si512(t + c) : _mm512_set1_epi32(t[0]);
+}
+
+template <int KIND, bool LANES>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void res_i32_loop(
+    uint8_t* y0, const uint8_t* x0, int64_t ld, int64_t rows, int64_t n, const int32_t* m1, const int32_t* m2,
+    const int32_t* k, const int32_t* s, const int32_t* a, const int32_t* b, int32_t zs, int32_t lo, int32_t hi) {
+  const __m512i vlo = _mm512_set1_epi32(lo - zs), vhi = _mm512_set1_epi32(hi - zs), vzs = _mm512_set1_epi32(zs);
+  for (int64_t i = 0; i < rows; ++i)
+  for (int64_t j = 0; j < n; j += 16) {
+    uint8_t* y = y0 + i * ld;
+    const uint8_t* x = x0 + i * ld;
+    const int64_t left = n - j;
+    const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    const int64_t c = LANES ? j : 0;
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, y + j));
+    const __m512i w = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, x + j));
+    const __m512i sh = chan<LANES>(s, c);
+    const __m512i p = _mm512_add_epi32(_mm512_add_epi32(_mm512_mullo_epi32(v, chan<LANES>(m1, c)), _mm512_mullo_epi32(w, chan<LANES>(m2, c))), chan<LANES>(k, c));
+    __m512i t = KIND == kPlain ? p : _mm512_add_epi32(p, chan<LANES>(a, c));
+    if (KIND == kParity) t = _mm512_add_epi32(t, _mm512_and_si512(_mm512_srav_epi32(p, sh), chan<LANES>(b, c)));
+    if (KIND == kSign) t = _mm512_add_epi32(t, _mm512_and_si512(_mm512_srai_epi32(p, 31), chan<LANES>(b, c)));
+    const __m512i r = _mm512_min_epi32(_mm512_max_epi32(_mm512_srav_epi32(t, sh), vlo), vhi);
+    _mm512_mask_cvtepi32_storeu_epi8(y + j, mask, _mm512_add_epi32(r, vzs));
   }
 }
 
@@ -96,7 +134,12 @@ void ResidualAdd::init(const Ort::ConstKernelInfo& ki, int64_t channels, size_t 
     throw std::runtime_error("QConv: inconsistent residual add attributes (add_mult, add_cnst, add_shift, add_mode, "
                              "add_lo, add_hi)");
   lanes = ch > 1;
-  kind = round_kind(static_cast<int>(mode));
+  // Where lo >= zs, half_away rounds like half_up and trunc like floor: the modes differ only for p < 0,
+  // where both give R <= 0, and clamp(R + zs, lo, hi) = lo for every R <= 0 (the cheaper form runs).
+  int64_t rmode = mode;
+  if (lo >= zs && mode == kHalfAway) rmode = kHalfUp;
+  if (lo >= zs && mode == kTrunc) rmode = kFloor;
+  kind = round_kind(static_cast<int>(rmode));
   const size_t len = lanes ? padded : 1;  // whole panels: a panel's row reads its channels' entries
   m1.assign(len, 0);
   m2.assign(len, 0);
@@ -106,7 +149,7 @@ void ResidualAdd::init(const Ort::ConstKernelInfo& ki, int64_t channels, size_t 
   b.assign(len, 0);
   for (size_t c = 0; c < ch; ++c) {
     if (shift[c] < 0 || shift[c] > 62) throw std::runtime_error("QConv: residual add shift outside [0, 62]");
-    const RoundParams rp = round_params(static_cast<int>(mode), shift[c]);
+    const RoundParams rp = round_params(static_cast<int>(rmode), shift[c]);
     m1[c] = mult[c];
     m2[c] = mult[ch + c];
     k[c] = cnst[c];
@@ -118,7 +161,25 @@ void ResidualAdd::init(const Ort::ConstKernelInfo& ki, int64_t channels, size_t 
     if (bound >= (__int128{1} << 62))
       throw std::runtime_error("QConv: the residual add's products exceed int64 (it needs RequantU8's wide form)");
   }
-  use_f64 = avx512 && f64.build(m1.data(), m2.data(), k.data(), s.data(), a.data(), len, static_cast<int>(mode), zs,
+  // the int32 form where its bound holds for every channel, else the float64 form where that one's holds
+  use_i32 = avx512 && zs >= -(int64_t{1} << 24) && zs <= (int64_t{1} << 24);
+  for (size_t c = 0; use_i32 && c < ch; ++c) {
+    const auto mag = [](int64_t u) { return u < 0 ? -static_cast<__int128>(u) : static_cast<__int128>(u); };
+    use_i32 = 255 * (mag(m1[c]) + mag(m2[c])) + mag(k[c]) + mag(a[c]) + mag(b[c]) < (__int128{1} << 31);
+  }
+  if (use_i32) {
+    for (auto* v : {&m1w, &m2w, &kw, &sw, &aw, &bw}) v->assign(len, 0);
+    for (size_t c = 0; c < len; ++c) {
+      m1w[c] = static_cast<int32_t>(m1[c]);
+      m2w[c] = static_cast<int32_t>(m2[c]);
+      kw[c] = static_cast<int32_t>(kind == kPlain ? k[c] + a[c] : k[c]);
+      sw[c] = static_cast<int32_t>(s[c]);
+      aw[c] = static_cast<int32_t>(a[c]);
+      bw[c] = static_cast<int32_t>(b[c]);
+    }
+    return;
+  }
+  use_f64 = avx512 && f64.build(m1.data(), m2.data(), k.data(), s.data(), a.data(), len, static_cast<int>(rmode), zs,
                                 lo, hi);
 }
 
@@ -145,8 +206,27 @@ ResidualInput ResidualAdd::input(const Ort::KernelContext& ctx, const std::vecto
   return in;
 }
 
+void ResidualAdd::rows_i32(uint8_t* y, const uint8_t* x, int64_t ld, int64_t mr, int64_t n, int64_t c) const {
+  const int32_t *p1 = m1w.data() + c, *p2 = m2w.data() + c, *pk = kw.data() + c, *ps = sw.data() + c;
+  const int32_t *pa = aw.data() + c, *pb = bw.data() + c;
+  const auto z = static_cast<int32_t>(zs), l = static_cast<int32_t>(lo), h = static_cast<int32_t>(hi);
+  switch (kind * 2 + (lanes ? 1 : 0)) {
+    case kPlain * 2: return res_i32_loop<kPlain, false>(y, x, ld, mr, n, p1, p2, pk, ps, pa, pb, z, l, h);
+    case kPlain * 2 + 1: return res_i32_loop<kPlain, true>(y, x, ld, mr, n, p1, p2, pk, ps, pa, pb, z, l, h);
+    case kParity * 2: return res_i32_loop<kParity, false>(y, x, ld, mr, n, p1, p2, pk, ps, pa, pb, z, l, h);
+    case kParity * 2 + 1: return res_i32_loop<kParity, true>(y, x, ld, mr, n, p1, p2, pk, ps, pa, pb, z, l, h);
+    case kSign * 2: return res_i32_loop<kSign, false>(y, x, ld, mr, n, p1, p2, pk, ps, pa, pb, z, l, h);
+    default: return res_i32_loop<kSign, true>(y, x, ld, mr, n, p1, p2, pk, ps, pa, pb, z, l, h);
+  }
+}
+
 void ResidualAdd::rows(uint8_t* y, const uint8_t* x, int64_t ld, int64_t mr, int64_t n, int64_t c0) const {
   const int64_t c = lanes ? c0 : 0;
+  if (!lanes && n == ld) {  // whole output rows, one tensor-wide rule: one run of mr n elements
+    n *= mr;
+    mr = 1;
+  }
+  if (use_i32) return rows_i32(y, x, ld, mr, n, c);
   for (int64_t i = 0; i < mr; ++i) {
     uint8_t* yi = y + i * ld;
     const uint8_t* xi = x + i * ld;

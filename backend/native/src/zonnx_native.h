@@ -152,6 +152,8 @@ struct ResidualAdd {
   int64_t zs = 0, lo = 0, hi = 0;
   Rq2Tables f64;
   bool use_f64 = false;
+  std::vector<int32_t> m1w, m2w, kw, sw, aw, bw;  // the int32 form (every value of the rule fits int32)
+  bool use_i32 = false;
   // Reads the add_* attributes (none: inactive); channels: the conv's outputs, padded: their panel-padded count;
   // avx512: the float64 form may run (QConv's AVX-512 VNNI path, as RequantU8 picks it).
   void init(const Ort::ConstKernelInfo& ki, int64_t channels, size_t padded, bool avx512);
@@ -159,6 +161,7 @@ struct ResidualAdd {
   ResidualInput input(const Ort::KernelContext& ctx, const std::vector<int64_t>& conv_shape) const;
   // In place on mr rows ld bytes apart: y[i][j] = rule(y[i][j], x[i][j]) for the n channels from c0.
   void rows(uint8_t* y, const uint8_t* x, int64_t ld, int64_t mr, int64_t n, int64_t c0) const;
+  void rows_i32(uint8_t* y, const uint8_t* x, int64_t ld, int64_t mr, int64_t n, int64_t c) const;  // int32 form
   // y (of in.out_shape) = rule(v, skip) with numpy broadcasting, v the finished conv output of conv_shape.
   void broadcast(const uint8_t* v, const std::vector<int64_t>& conv_shape, const ResidualInput& in, uint8_t* y) const;
 };
