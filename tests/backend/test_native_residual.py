@@ -66,16 +66,19 @@ def _conv_codes(rng: np.random.Generator, x: np.ndarray, w: np.ndarray, zp: int)
 
 
 def _add_params(rng: np.random.Generator, o: int, per_channel: bool, form: str) -> tuple:
-    """(M1, M2, K, shift) of a two-term requantization, arrays of ``o`` (per channel) or 1 values: ratios 1
-    to 4 around code 128 (both clamp bounds saturate) as 31-bit multipliers with shift 29 (``form`` f64: the
-    float64 form runs on AVX-512) or 15-bit ones with shift 13 (i32: every value fits int32, the int32 form
-    runs); per channel also small ones with shift 1 (half the sums are ties) and a negative one; ``form``
-    i64: one channel's products beyond 2^52 (the float64 form is refused, the int64 loop runs)."""
+    """(M1, M2, K, shift) of a two-term requantization, arrays of ``o`` (per channel) or 1 values, ratios 1
+    to 4 around code 128 (both clamp bounds saturate). ``form`` m31: 31-bit multipliers, shift 29 (one rule
+    for all: the pair form for the floor-type modes, else the float64 form); m15: 15-bit ones, shift 13
+    (every value fits int32: the int32 form); ties: 3 2^26 and 2^26, shift 27 (half the sums are ties; the
+    pair form); per channel also small ones with shift 1 (ties) and a negative one; i64: one channel's
+    products beyond 2^52 (the float64 form is refused, the int64 loop runs)."""
     n = o if per_channel else 1
-    bits = 15 if form == "i32" else 31
+    bits = 15 if form == "m15" else 31
     m1 = rng.integers(1 << (bits - 2), 1 << bits, size=n).astype(object)
     m2 = rng.integers(1 << (bits - 2), 1 << bits, size=n).astype(object)
     s = np.full(n, bits - 2)
+    if form == "ties":
+        m1[:], m2[:], s[:] = 3 << 26, 1 << 26, 27
     k = np.array([-(int(a) + int(b)) * 128 for a, b in zip(m1, m2, strict=True)], dtype=object)
     if per_channel:  # channel 1: ties; channel 2: a negative multiplier
         m1[1], m2[1], k[1], s[1] = 3, 1, -200, 1
@@ -105,7 +108,8 @@ def _fused_pair(
 
 @pytest.mark.parametrize("isa", ["host", "avx-vnni", "baseline"])
 @pytest.mark.parametrize(
-    ("per_channel", "form"), [(False, "f64"), (False, "i32"), (True, "f64"), (True, "i32"), (True, "i64")]
+    ("per_channel", "form"),
+    [(False, "m31"), (False, "m15"), (False, "ties"), (True, "m31"), (True, "m15"), (True, "i64")],
 )
 @pytest.mark.parametrize(("conv_term", "o"), [(0, 70), (1, 70), (1, 24)])
 def test_fused_residual_matches_numpy(
@@ -156,7 +160,7 @@ def test_fused_residual_broadcast_skip(shape: tuple, isa: str, monkeypatch: pyte
     w = rng.integers(-128, 128, size=(36, 70)).astype(np.int8)
     v, rq = _conv_codes(rng, x, w, 37)
     r = rng.integers(0, 256, size=shape).astype(np.uint8)
-    add = _add_params(rng, 70, True, "f64")
+    add = _add_params(rng, 70, True, "m31")
     m1, m2, k, s = (np.asarray(a).astype(np.int64) for a in add)
     want = requantize(m1 * v + m2 * r.astype(np.int64) + k, 1, s, "half_away", zero_point=128, lo=0, hi=255)
     plain, fused = _fused_pair(x, w, rq, "r", add, "half_away", (128, 0, 255), 1)
@@ -172,7 +176,7 @@ def test_fused_qconv_refuses_a_half_residual() -> None:
     x = rng.integers(0, 256, size=(1, 4, 4, 4)).astype(np.uint8)
     w = rng.integers(-128, 128, size=(36, 8)).astype(np.int8)
     _, rq = _conv_codes(rng, x, w, 37)
-    add = _add_params(rng, 8, False, "f64")
+    add = _add_params(rng, 8, False, "m31")
     _, fused = _fused_pair(x, w, rq, "r", add, "floor", (0, 0, 255), 0)
     conv = fused.graph.node[0]
     no_attrs = helper.make_node("QConv", list(conv.input), ["y"], domain=NATIVE_DOMAIN)

@@ -1,11 +1,13 @@
 // The residual add a QConv applies to its own uint8 output (attributes add_*, input 2 the skip tensor):
 //   y = clamp(R((M1[c] v + M2[c] x + K[c]) / 2^s[c]) + zs, lo, hi)
 // with v the conv's output code (its own requantization done first, unchanged) and x the skip tensor's
-// code: RequantU8's two-term rule (requant.cpp), per tensor or per channel along C, computed the same two
-// ways: the float64 form of requant_f64.cpp where its per-channel bound proves it exact and the CPU has
-// AVX-512 (as RequantU8 picks it), else the int64 loop (requant_tail). Products must fit int64 (checked at
-// creation: the lowering fuses only adds without int128 products). A skip tensor of another shape than the
-// conv output is added after the conv with numpy broadcasting (exact scalar loop).
+// code: RequantU8's two-term rule (requant.cpp), per tensor or per channel along C. Every form computes the
+// same integers: on AVX-512 an int32 form where every value fits int32 (small multipliers: power-of-two and
+// 15-bit targets), a pair form of 16-bit halves (one large multiplier pair for all), or the float64 form of
+// requant_f64.cpp where its per-channel bound proves it exact (as RequantU8 picks it); else the int64 loop
+// (requant_tail). Products must fit int64 (checked at creation: the lowering fuses only adds without int128
+// products). A skip tensor of another shape than the conv output is added after the conv with numpy
+// broadcasting (exact scalar loop).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -62,6 +64,43 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void res_i32_loop(
     if (KIND == kSign) t = _mm512_add_epi32(t, _mm512_and_si512(_mm512_srai_epi32(p, 31), chan<LANES>(b, c)));
     const __m512i r = _mm512_min_epi32(_mm512_max_epi32(_mm512_srav_epi32(t, sh), vlo), vhi);
     _mm512_mask_cvtepi32_storeu_epi8(y + j, mask, _mm512_add_epi32(r, vzs));
+  }
+}
+
+// The pair form on AVX-512 for one tensor-wide kPlain rule with large multipliers (the 31-bit ones of
+// bm1684x), s >= 16: with M_t = 2^16 a_t + b_t (b_t in [-2^15, 2^15), |a_t| < 2^15) and K + A = 2^16 kh + kl
+// (kl in [0, 2^16)), p = M1 v + M2 x + K + A = 2^16 (a1 v + a2 x + kh) + L with L = b1 v + b2 x + kl, so
+// floor(p / 2^16) = a1 v + a2 x + kh + (L >> 16) and (p + A) >> s is that >> (s - 16): every value is an
+// int32 (|kh| <= 2^30, |L| < 2^25) and (v, x) word pairs times (a1, a2) and (b1, b2) are two vpmaddwd.
+// The result packs to int16 with saturation, exact after the clamp to [lo - zs, hi - zs] (|zs| <= 32512).
+// Rows of 32 codes: words in order (vpmovzxbw), pairs by unpacklo/hi within 128-bit lanes, which packs_epi32
+// puts back in order.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void res_pair_loop(
+    uint8_t* y0, const uint8_t* x0, int64_t ld, int64_t rows, int64_t n, int32_t pa, int32_t pb, int32_t kh,
+    int32_t kl, int32_t sh, int32_t zs, int32_t lo, int32_t hi) {
+  const __m512i va = _mm512_set1_epi32(pa), vb = _mm512_set1_epi32(pb);
+  const __m512i vkh = _mm512_set1_epi32(kh), vkl = _mm512_set1_epi32(kl);
+  const __m128i count = _mm_cvtsi32_si128(sh);
+  const __m512i wlo = _mm512_set1_epi16(static_cast<int16_t>(lo - zs)), whi = _mm512_set1_epi16(static_cast<int16_t>(hi - zs));
+  const __m512i wzs = _mm512_set1_epi16(static_cast<int16_t>(zs));
+  for (int64_t i = 0; i < rows; ++i) {
+    uint8_t* y = y0 + i * ld;
+    const uint8_t* x = x0 + i * ld;
+    for (int64_t j = 0; j < n; j += 32) {
+      const int64_t left = n - j;
+      const __mmask32 mask = left >= 32 ? ~__mmask32(0) : ((__mmask32(1) << left) - 1);
+      const __m512i v = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, y + j));
+      const __m512i w = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, x + j));
+      __m512i r[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m512i pair = h ? _mm512_unpackhi_epi16(v, w) : _mm512_unpacklo_epi16(v, w);
+        const __m512i l = _mm512_add_epi32(_mm512_madd_epi16(pair, vb), vkl);
+        const __m512i q = _mm512_add_epi32(_mm512_add_epi32(_mm512_madd_epi16(pair, va), vkh), _mm512_srai_epi32(l, 16));
+        r[h] = _mm512_sra_epi32(q, count);
+      }
+      const __m512i words = _mm512_min_epi16(_mm512_max_epi16(_mm512_packs_epi32(r[0], r[1]), wlo), whi);
+      _mm512_mask_cvtepi16_storeu_epi8(y + j, mask, _mm512_add_epi16(words, wzs));
+    }
   }
 }
 
@@ -179,6 +218,26 @@ void ResidualAdd::init(const Ort::ConstKernelInfo& ki, int64_t channels, size_t 
     }
     return;
   }
+  // the pair form (one rule for all, kPlain, s >= 16, the split's bounds)
+  if (avx512 && !lanes && kind == kPlain && s[0] >= 16 && zs >= -32512 && zs <= 32512) {
+    const int64_t a1 = (m1[0] + (1 << 15)) >> 16, a2 = (m2[0] + (1 << 15)) >> 16;
+    const __int128 kk = static_cast<__int128>(k[0]) + a[0];
+    const __int128 khi = kk >> 16;  // floor
+    if (a1 >= -32768 && a1 <= 32767 && a2 >= -32768 && a2 <= 32767 && khi >= -(__int128{1} << 30) &&
+        khi <= (__int128{1} << 30)) {
+      const int64_t b1 = m1[0] - a1 * 65536, b2 = m2[0] - a2 * 65536;  // in [-2^15, 2^15)
+      const auto word_pair = [](int64_t lo16, int64_t hi16) {
+        return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo16)) |
+                                    static_cast<uint32_t>(static_cast<uint16_t>(hi16)) << 16);
+      };
+      pair_a = word_pair(a1, a2);
+      pair_b = word_pair(b1, b2);
+      pair_kh = static_cast<int32_t>(khi);
+      pair_kl = static_cast<int32_t>(kk - khi * 65536);
+      use_pair = true;
+      return;
+    }
+  }
   use_f64 = avx512 && f64.build(m1.data(), m2.data(), k.data(), s.data(), a.data(), len, static_cast<int>(rmode), zs,
                                 lo, hi);
 }
@@ -227,6 +286,9 @@ void ResidualAdd::rows(uint8_t* y, const uint8_t* x, int64_t ld, int64_t mr, int
     mr = 1;
   }
   if (use_i32) return rows_i32(y, x, ld, mr, n, c);
+  if (use_pair)
+    return res_pair_loop(y, x, ld, mr, n, pair_a, pair_b, pair_kh, pair_kl, static_cast<int32_t>(s[0] - 16),
+                         static_cast<int32_t>(zs), static_cast<int32_t>(lo), static_cast<int32_t>(hi));
   for (int64_t i = 0; i < mr; ++i) {
     uint8_t* yi = y + i * ld;
     const uint8_t* xi = x + i * ld;

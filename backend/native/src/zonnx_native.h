@@ -154,6 +154,8 @@ struct ResidualAdd {
   bool use_f64 = false;
   std::vector<int32_t> m1w, m2w, kw, sw, aw, bw;  // the int32 form (every value of the rule fits int32)
   bool use_i32 = false;
+  int32_t pair_a = 0, pair_b = 0, pair_kh = 0, pair_kl = 0;  // the pair form (residual.cpp)
+  bool use_pair = false;
   // Reads the add_* attributes (none: inactive); channels: the conv's outputs, padded: their panel-padded count;
   // avx512: the float64 form may run (QConv's AVX-512 VNNI path, as RequantU8 picks it).
   void init(const Ort::ConstKernelInfo& ki, int64_t channels, size_t padded, bool avx512);
