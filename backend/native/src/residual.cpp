@@ -119,13 +119,18 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void res_row(
   }
 }
 
-// An int64 attribute list, or empty when the node does not have it.
+// An int64 attribute list, or empty when the node does not have it (asked through the C API: a missing
+// attribute is a status, not an exception, on every QConv without a residual add).
 std::vector<int64_t> optional_ints(const Ort::ConstKernelInfo& ki, const char* name) {
-  try {
-    return ki.GetAttributes<int64_t>(name);
-  } catch (const Ort::Exception&) {
+  const OrtApi& api = Ort::GetApi();
+  size_t size = 0;
+  if (OrtStatus* missing = api.KernelInfoGetAttributeArray_int64(ki, name, nullptr, &size)) {
+    api.ReleaseStatus(missing);
     return {};
   }
+  std::vector<int64_t> out(size);
+  Ort::ThrowOnError(api.KernelInfoGetAttributeArray_int64(ki, name, out.data(), &size));
+  return out;
 }
 
 // numpy's broadcast of two shapes (std::runtime_error when they do not broadcast).
