@@ -12,6 +12,8 @@ requantized once; code moves, pools, concat and tables on stored codes); this mo
 - requantization: ``req`` builds the op's formula once (``ort_kernels.RequantForm``) and emits it as one
   native ``Requant`` (``ort_native``, with the kernel library) or as ``ort_kernels.emit_requant`` (float64
   when provably exact, else int64);
+- native residual adds: a ``QConv`` whose output only a two-term ``RequantU8`` reads takes that add into
+  its epilogue (``ort_fuse``, after every op is lowered);
 - 8-bit weights of MatMulInteger and QLinearConv take the host's integer path (``zonnx.hostcpu``): s8
   where VNNI makes ORT's fast u8 x s8 kernels exact, else ``w + 128`` as u8 with zero point 128. The path
   is part of the lowered-model cache key.
