@@ -45,7 +45,7 @@ from zonnx.errors import ZonnxError
 logger = logging.getLogger(__name__)
 
 #: Must equal ``kAbiVersion`` in ``src/zonnx_native.h`` (the loader refuses a library reporting another).
-ABI_VERSION = 7
+ABI_VERSION = 8
 LIB_NAME = "libzonnx_npu_kernels.so"
 SRC_DIR = Path(__file__).resolve().parent / "src"
 WHEEL = "amd-quark==0.13"

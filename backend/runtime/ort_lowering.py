@@ -12,6 +12,8 @@ requantized once; code moves, pools, concat and tables on stored codes); this mo
 - requantization: ``req`` builds the op's formula once (``ort_kernels.RequantForm``) and emits it as one
   native ``Requant`` (``ort_native``, with the kernel library) or as ``ort_kernels.emit_requant`` (float64
   when provably exact, else int64);
+- native residual adds: a ``QConv`` whose output only a two-term ``RequantU8`` reads takes that add into
+  its epilogue (``ort_fuse``, after every op is lowered);
 - 8-bit weights of MatMulInteger and QLinearConv take the host's integer path (``zonnx.hostcpu``): s8
   where VNNI makes ORT's fast u8 x s8 kernels exact, else ``w + 128`` as u8 with zero point 128. The path
   is part of the lowered-model cache key.
@@ -36,6 +38,7 @@ from zonnx.backend.compiler.program import Op, Program, TensorInfo
 from zonnx.backend.ops import registry
 from zonnx.hostcpu import IntPath
 
+from .ort_fuse import fuse_residual_adds
 from .ort_kernels import (
     Builder,
     KernelError,
@@ -55,8 +58,9 @@ from .qlinear_exact import ConvRequant
 logger = logging.getLogger(__name__)
 IR_VERSION = 10
 #: Bumped when lowered graphs change (2: QLinearConv/QLinearAdd/float32 adds; 3: mul, lincomb, matmul2, ...;
-#: 4: 16-bit conv/matmul; 5: integer path per host, u8 x u8 weights without VNNI).
-LOWERING_VERSION = 5
+#: 4: 16-bit conv/matmul; 5: integer path per host, u8 x u8 weights without VNNI; 6: residual adds fused
+#: into the native QConv).
+LOWERING_VERSION = 6
 
 
 @dataclasses.dataclass
@@ -177,6 +181,7 @@ def lower_program(
     qlinear: bool | None = None,
     int_path: IntPath | None = None,
     native: bool = False,
+    fuse: bool = True,
 ) -> LoweredProgram:
     """ORT nodes computing ``program`` exactly (module docstring); ``expose`` adds tensors as outputs.
 
@@ -188,7 +193,9 @@ def lower_program(
 
     Graph inputs/outputs hold the program's own dtypes, named ``f"{name}/{tensor}"``. ``int_path``: the
     form of 8-bit weights (default: this host's, ``zonnx.hostcpu.int_path``). Raises KernelError naming
-    the op when an op has no exact ORT lowering.
+    the op when an op has no exact ORT lowering. ``fuse`` (with ``native``): each residual add whose conv
+    output is read by nothing else and is not a graph output runs in that ``QConv``'s epilogue
+    (``ort_fuse``, same outputs bit for bit); False keeps them apart (tests compare both).
     """
     if opset < 13:
         raise KernelError(f"opset {opset} is too old for the NPU lowering; use 13 or newer.")
@@ -215,6 +222,9 @@ def lower_program(
         from_storage(b, v.name, v.info.dtype, gname)
         lowered.outputs.append(_value_info(gname, v.info))
         lowered.output_names[tensor] = gname
+    if native and fuse:
+        uint8 = {n for v in low.env.values() if v.st.dtype == np.uint8 for n in (v.name, v.other) if n}
+        b.nodes = fuse_residual_adds(b.nodes, lowered.output_names.values(), uint8)
     lowered.nodes, lowered.initializers = b.nodes, b.initializers
     lowered.opset_imports = {"": opset}
     if any(n.domain == MS_DOMAIN for n in b.nodes):
@@ -233,9 +243,13 @@ def program_to_model(
     expose: list[str] | None = None,
     int_path: IntPath | None = None,
     native: bool = False,
+    fuse: bool = True,
 ) -> onnx.ModelProto:
-    """A standalone model (IR 10) running ``program`` in ORT; inputs/outputs named ``f"{name}/{tensor}"``."""
-    low = lower_program(program, name=name, opset=opset, expose=expose, int_path=int_path, native=native)
+    """A standalone model (IR 10) running ``program`` in ORT; inputs/outputs named ``f"{name}/{tensor}"``
+    (``lower_program``'s options)."""
+    low = lower_program(
+        program, name=name, opset=opset, expose=expose, int_path=int_path, native=native, fuse=fuse
+    )
     graph = helper.make_graph(low.nodes, name, low.inputs, low.outputs, low.initializers)
     model = helper.make_model(
         graph,

@@ -18,7 +18,13 @@ The library (``zonnx.backend.native``, C++ under ``backend/native/src``) adds si
   of a block of output positions built in cache, the int8 GEMM with int32 sums (AVX-512 VNNI or AVX-VNNI
   where the CPU has it, else portable C++: the same exact integers), and RequantU8's one-term rule on every finished
   tile, in one kernel; ``x_zero_point`` is the stored pad code, subtracted from every column. The weights
-  must be an initializer (packed once when ORT creates the kernel).
+  must be an initializer (packed once when ORT creates the kernel). Optionally a residual add fused in:
+  input 2 a uint8 skip tensor ``x`` and attributes ``add_mult`` (``M1`` for each of ``n`` channels, then
+  ``M2``; ``n`` is 1 or the output channels), ``add_cnst``, ``add_shift`` (``n`` each), ``add_mode``,
+  ``add_zs``, ``add_lo``, ``add_hi``: every finished output row ``v`` (the conv's own requantized codes)
+  becomes RequantU8's two-term ``clamp(R((M1 v + M2 x + K) / 2^s) + zs, lo, hi)`` while in cache, per
+  channel along C, int64 products only (``ort_fuse`` emits it); a skip tensor of another shape is added
+  with numpy broadcasting after the conv.
 - ``QConv16``: the same for int32-stored 16-bit codes in and out: each im2col row is split into its low and
   high byte planes, both multiplied by the int8 weights (exact int32 sums), combined in int64 as
   ``256 S_hi + S_lo - x_zero_point sum w`` and requantized once (``x_zero_point`` up to 65535).

@@ -15,6 +15,7 @@ import pytest
 from onnxruntime.quantization import QuantFormat
 
 import zonnx
+from tests.backend.native_support import fused_qconvs, residual_conv_outputs
 from tests.backend.test_compiler import _compile, digits  # noqa: F401  (module fixture)
 from zonnx import zoo
 from zonnx.backend.compiler.lower import compile_subgraph, whole_model_subgraph
@@ -52,8 +53,8 @@ def test_zoo_programs_under_ubsan(digits: dict, target: str) -> None:  # noqa: F
     [("mobilenetv2-random", "bm1684x", None), ("resnet18-random", "zhouyi-x2", "int16")],
 )
 def test_fused_kernels_under_ubsan(tmp_path: Path, name: str, target: str, act: str | None) -> None:
-    """QDwConv (MobileNetV2's depthwise convs) and QConv16 / MaxPoolI32 (ResNet-18 with 16-bit activations)
-    under UBSan: every program tensor equals the reference."""
+    """QDwConv and the residual adds fused into QConv (MobileNetV2) and QConv16 / MaxPoolI32 (ResNet-18 with
+    16-bit activations) under UBSan: every program tensor equals the reference."""
     lib = build_library(sanitize=True).path
     q = tmp_path / "q.onnx"
     kwargs = (
@@ -71,12 +72,16 @@ def test_fused_kernels_under_ubsan(tmp_path: Path, name: str, target: str, act: 
     codes = np.clip(np.rint(x / info.scale[0]) + info.zero_point[0], info.qmin, info.qmax).astype(info.dtype)
     ref = run_program(prog, {info.name: codes}, debug=True)
     inner = [t for t in ref if t != info.name]
-    lowered = program_to_model(prog, name="p", expose=inner, native=True)
-    ops = {n.op_type for n in lowered.graph.node}
-    assert ({"QDwConv"} if act is None else {"QConv16", "MaxPoolI32"}) <= ops
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(str(lib))
-    sess = ort.InferenceSession(lowered.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    outs = sess.run(None, {f"p/{info.name}": codes})
-    for o, v in zip(sess.get_outputs(), outs, strict=True):
-        assert np.array_equal(v.astype(np.int64), ref[o.name[2:]]), o.name
+    private = residual_conv_outputs(prog)
+    # every tensor exposed, then all but the conv outputs a residual add reads alone (fused into the QConv)
+    for expose in (inner, [t for t in inner if t not in private]):
+        lowered = program_to_model(prog, name="p", expose=expose, native=True)
+        ops = {n.op_type for n in lowered.graph.node}
+        assert ({"QDwConv"} if act is None else {"QConv16", "MaxPoolI32"}) <= ops
+        assert fused_qconvs(lowered) == (10 if act is None and expose is not inner else 0)
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(str(lib))
+        sess = ort.InferenceSession(lowered.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        outs = sess.run(None, {f"p/{info.name}": codes})
+        for o, v in zip(sess.get_outputs(), outs, strict=True):
+            assert np.array_equal(v.astype(np.int64), ref[o.name[2:]]), o.name

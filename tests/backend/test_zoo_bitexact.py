@@ -15,7 +15,13 @@ import pytest
 
 import zonnx
 from bench.bench_npu_fidelity import FORMS, boundary_codes, codes_of, quantize_zoo, zoo_feeds
-from tests.backend.native_support import KERNEL_IDS, KERNELS, lowered_session
+from tests.backend.native_support import (
+    KERNEL_IDS,
+    KERNELS,
+    fused_qconvs,
+    lowered_session,
+    residual_conv_outputs,
+)
 from zonnx import zoo
 from zonnx.backend.compile_api import CompiledModel, compile_model
 from zonnx.backend.compiler.channels import fold_constant_channels
@@ -39,26 +45,31 @@ def _quantized(folder: Path, name: str, target: str) -> Path:
 
 def assert_bit_exact(
     qpath: Path, cm: CompiledModel, feed: dict, native: bool = False
-) -> tuple[int, set[str]]:
+) -> tuple[int, set[str], int]:
     """Every program on the quantized model's own boundary codes: ORT lowering (the native kernels with
-    ``native``) == reference on every tensor. Returns (tensors compared, op kinds seen)."""
+    ``native``) == reference on every tensor. With ``native`` a second lowering exposes every tensor but the
+    conv outputs a residual add reads alone, so those adds run fused into their QConv (``ort_fuse``), and
+    compares the rest again. Returns (tensors compared, op kinds seen, residual adds fused)."""
     values = boundary_codes(qpath, [i.name for p in cm.programs for i in p.inputs], feed)
-    compared, kinds = 0, set()
+    compared, kinds, fused = 0, set(), 0
     for prog in cm.programs:
         feeds = {i.name: codes_of(values[i.name], i).astype(i.dtype) for i in prog.inputs}
         ref = run_program(prog, feeds, debug=True)
         inner = [t for t in ref if t not in feeds]
-        model = program_to_model(prog, name="p", expose=inner, native=native)
-        sess = lowered_session(model, native)
-        got = sess.run(None, {f"p/{k}": v for k, v in feeds.items()})
-        for out, value in zip(sess.get_outputs(), got, strict=True):
-            name = out.name[2:]
-            assert value.dtype == np.dtype(prog.tensors[name].dtype), name
-            diff = int(np.sum(value.astype(np.int64) != ref[name]))
-            assert diff == 0, (prog.target, name, diff)
+        private = residual_conv_outputs(prog) if native else set()
+        for expose in [inner] + ([[t for t in inner if t not in private]] if private else []):
+            model = program_to_model(prog, name="p", expose=expose, native=native)
+            fused += fused_qconvs(model)
+            sess = lowered_session(model, native)
+            got = sess.run(None, {f"p/{k}": v for k, v in feeds.items()})
+            for out, value in zip(sess.get_outputs(), got, strict=True):
+                name = out.name[2:]
+                assert value.dtype == np.dtype(prog.tensors[name].dtype), name
+                diff = int(np.sum(value.astype(np.int64) != ref[name]))
+                assert diff == 0, (prog.target, name, diff, len(expose) < len(inner))
         compared += len(inner)
         kinds |= {op.kind for op in prog.ops}
-    return compared, kinds
+    return compared, kinds, fused
 
 
 @pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
@@ -68,8 +79,11 @@ def test_mobilenetv2_one_subgraph_bit_exact(folder: Path, target: str, native: b
     cm = compile_model(qpath, target)
     assert cm.partition.num_subgraphs == 1 and cm.partition.mac_share == 1.0  # measured: every op on the NPU
     assert cm.partition.npu_ops == cm.partition.total_ops
-    compared, kinds = assert_bit_exact(qpath, cm, zoo_feeds("mobilenetv2-random", 1, seed=7)[0], native)
+    compared, kinds, fused = assert_bit_exact(
+        qpath, cm, zoo_feeds("mobilenetv2-random", 1, seed=7)[0], native
+    )
     assert compared >= 66 and {"conv", "add", "avgpool", "matmul"} <= kinds
+    assert fused == (10 if native else 0)  # every residual add fused into its projection QConv
 
 
 #: target -> (lowest NPU MAC share, op kinds the programs must use); measured shares 1.0, 1.0 and 0.95 (the
@@ -90,7 +104,7 @@ def test_ppocr_rec_subgraphs_bit_exact(folder: Path, target: str, native: bool) 
     part = cm.partition
     assert part.mac_share >= share and part.npu_ops >= 0.55 * part.total_ops  # measured 0.97, 0.66, 0.58
     assert "compile" not in part.rules.values()  # no subgraph fell back: capability and compiler agree
-    compared, kinds = assert_bit_exact(
+    compared, kinds, _ = assert_bit_exact(
         qpath, cm, zoo_feeds("ppocr_rec", 1, seed=7, shape=REC_SHAPE)[0], native
     )
     assert compared >= 200 and needed <= kinds, needed - kinds
@@ -131,5 +145,6 @@ def test_resnet18_int16_native_bit_exact(folder: Path) -> None:
     cm = compile_model(q, "zhouyi-x2")
     ops = {n.op_type for p in cm.programs for n in program_to_model(p, name="p", native=True).graph.node}
     assert {"QConv16", "MaxPoolI32"} <= ops and "Im2col" not in ops  # no conv left on the byte-plane path
-    compared, kinds = assert_bit_exact(q, cm, zoo_feeds("resnet18-random", 1, seed=7)[0], native=True)
+    compared, kinds, fused = assert_bit_exact(q, cm, zoo_feeds("resnet18-random", 1, seed=7)[0], native=True)
+    assert fused == 0  # 16-bit adds stay RequantI32 nodes
     assert compared >= 40 and {"conv", "maxpool", "add"} <= kinds

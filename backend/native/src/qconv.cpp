@@ -537,6 +537,7 @@ struct QConvKernel {
   bool w32 = false;           // QConv16 on AVX-512 with int32 multipliers: rq16_wide32 (kwe, kwo)
   std::vector<int64_t> kwe, kwo;  // its K - M zs sum w (+ A for kPlain), even / odd channels of each 16-group
   int64_t kseg = 0;           // weight rows per packed segment (pack)
+  ResidualAdd residual;       // a fused residual add on the uint8 output (residual.cpp), if add_* are given
 
   QConvKernel(const OrtKernelInfo* info, bool wide16) : wide(wide16) {
     Ort::ConstKernelInfo ki(info);
@@ -622,6 +623,8 @@ struct QConvKernel {
         (ch % 2 ? ko : ke)[ch / 16 * 8 + ch % 16 / 2] = f;
       }
     }
+    residual.init(ki, channels, zw.size(), isa == 2);
+    if (wide && residual.active) throw std::runtime_error("QConv16: no residual add (add_* attributes)");
   }
 
   // The weights as panels of 64 channels, k-quads of 4 rows. The k rows are taken in segments of seg rows
@@ -872,7 +875,10 @@ struct QConvKernel {
     const int64_t eh = (kh - 1) * dh + 1, ew = (kw - 1) * dw + 1;
     if (h + pt + pb < eh || w + pl + pr < ew) throw std::runtime_error("QConv: kernel larger than the padded input");
     const int64_t oh = (h + pt + pb - eh) / sh + 1, ow = (w + pl + pr - ew) / sw + 1;
-    Ort::UnownedValue out = ctx.GetOutput(0, std::vector<int64_t>{n, oh, ow, o});
+    const std::vector<int64_t> conv_shape{n, oh, ow, o};
+    // the fused residual add: row by row in the epilogue, or after the conv when the skip tensor broadcasts
+    const ResidualInput res = residual.input(ctx, conv_shape);
+    Ort::UnownedValue out = ctx.GetOutput(0, residual.active ? res.out_shape : conv_shape);
     const int64_t total = n * oh * ow;
     if (total == 0) return;
     if (direct16) {
@@ -886,6 +892,12 @@ struct QConvKernel {
       return;
     }
     uint8_t* y = static_cast<uint8_t*>(out.GetTensorMutableRawData());
+    std::vector<uint8_t> conv_out;  // the conv's codes before a broadcast residual add
+    if (!res.same) {
+      conv_out.resize(static_cast<size_t>(total * o));
+      y = conv_out.data();
+    }
+    const uint8_t* const skip = res.same ? res.skip : nullptr;  // added in the epilogue
     const uint8_t* x = static_cast<const uint8_t*>(xv.GetTensorRawData());
     // a 1x1, stride 1, unpadded conv with C % 4 == 0 reads the input rows in place
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0 &&
@@ -951,8 +963,12 @@ struct QConvKernel {
                      shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
           }
         }
+        // the block's rows of this panel, still in L1 (not right after each tile's store: a load of bytes a
+        // masked store just wrote cannot be forwarded and waits for it)
+        if (skip != nullptr) residual.rows(y + r0 * o + o0, skip + r0 * o + o0, o, rows, nch, o0);
       }
     });
+    if (!res.same) residual.broadcast(conv_out.data(), conv_shape, res, static_cast<uint8_t*>(out.GetTensorMutableRawData()));
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) { return guarded(this, context); }
@@ -970,7 +986,10 @@ struct QConvOpT : Ort::CustomOpBase<QConvOpT<WIDE>, QConvKernel, true> {
     }
   }
   const char* GetName() const { return WIDE ? "QConv16" : "QConv"; }
-  size_t GetInputTypeCount() const { return 2; }
+  size_t GetInputTypeCount() const { return WIDE ? 2 : 3; }  // QConv's input 2: the residual add's skip tensor
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
     return WIDE ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;

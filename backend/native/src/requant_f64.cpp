@@ -33,9 +33,11 @@ int rq2_rounding(int mode) {
 bool Rq2Tables::build(const int64_t* m1, const int64_t* m2, const int64_t* k, const int64_t* s, const int64_t* a,
                       size_t n, int mode, int64_t zs, int64_t lo, int64_t hi) {
   rounding = rq2_rounding(mode);
-  f1.assign(n, 0.0);
-  f2.assign(n, 0.0);
-  fc.assign(n, 0.0);
+  // whole 16-lane vectors: rq2_loop loads a row's last vector of channels in full
+  const size_t len = (n + 15) / 16 * 16;
+  f1.assign(len, 0.0);
+  f2.assign(len, 0.0);
+  fc.assign(len, 0.0);
   const __int128 lim = __int128{1} << 52;
   bool ok = zs >= INT32_MIN / 2 && zs <= INT32_MAX / 2 && lo >= 0 && hi <= 255 && lo <= hi;
   for (size_t j = 0; ok && j < n; ++j) {

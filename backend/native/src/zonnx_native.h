@@ -16,7 +16,7 @@
 namespace zonnx_native {
 
 // Bumped whenever an op's inputs, attributes or semantics change; checked by the Python loader.
-constexpr int64_t kAbiVersion = 7;
+constexpr int64_t kAbiVersion = 8;
 constexpr const char* kDomain = "zonnx.native";
 
 // Runs fn(i) for i in [0, total) on the session's intra-op thread pool.
@@ -134,6 +134,39 @@ struct Rq2Tables {
 // y[j] for n elements of x1, x2 (uint8): channel c0 + j (lanes) or c0 for all; needs AVX-512.
 void rq2_row(const Rq2Tables& t, const uint8_t* x1, const uint8_t* x2, uint8_t* y, int64_t n, int64_t c0, bool lanes,
              int64_t zs, int64_t lo, int64_t hi);
+
+// A QConv's skip tensor at run time (ResidualAdd::input): its codes and shape, and the output's shape.
+struct ResidualInput {
+  const uint8_t* skip = nullptr;
+  std::vector<int64_t> skip_shape, out_shape;
+  bool same = true;  // the skip tensor has the conv output's shape: added row by row in the epilogue
+};
+
+// The residual add fused into a QConv (residual.cpp): RequantU8's two-term rule over the conv's uint8 output
+// code and a skip tensor's, y = clamp(R((M1[c] v + M2[c] x + K[c]) / 2^s[c]) + zs, lo, hi).
+struct ResidualAdd {
+  bool active = false;  // the node has the add_* attributes (and input 2)
+  bool lanes = false;   // per channel along C (else one set for every element)
+  std::vector<int64_t> m1, m2, k, s, a, b;  // per channel, padded to whole panels (or one entry)
+  int kind = 0;
+  int64_t zs = 0, lo = 0, hi = 0;
+  Rq2Tables f64;
+  bool use_f64 = false;
+  std::vector<int32_t> m1w, m2w, kw, sw, aw, bw;  // the int32 form (every value of the rule fits int32)
+  bool use_i32 = false;
+  int32_t pair_a = 0, pair_b = 0, pair_kh = 0, pair_kl = 0;  // the pair form (residual.cpp)
+  bool use_pair = false;
+  // Reads the add_* attributes (none: inactive); channels: the conv's outputs, padded: their panel-padded count;
+  // avx512: the float64 form may run (QConv's AVX-512 VNNI path, as RequantU8 picks it).
+  void init(const Ort::ConstKernelInfo& ki, int64_t channels, size_t padded, bool avx512);
+  // Input 2 checked against the attributes (present iff active, uint8) and the conv output's shape.
+  ResidualInput input(const Ort::KernelContext& ctx, const std::vector<int64_t>& conv_shape) const;
+  // In place on mr rows ld bytes apart: y[i][j] = rule(y[i][j], x[i][j]) for the n channels from c0.
+  void rows(uint8_t* y, const uint8_t* x, int64_t ld, int64_t mr, int64_t n, int64_t c0) const;
+  void rows_i32(uint8_t* y, const uint8_t* x, int64_t ld, int64_t mr, int64_t n, int64_t c) const;  // int32 form
+  // y (of in.out_shape) = rule(v, skip) with numpy broadcasting, v the finished conv output of conv_shape.
+  void broadcast(const uint8_t* v, const std::vector<int64_t>& conv_shape, const ResidualInput& in, uint8_t* y) const;
+};
 
 // clamp(((p + A + sel) >> s) + zs, lo, hi) for p = M x + K already formed: the one requantization tail
 // every kernel (Requant, QConv, QDwConv) applies per element.
