@@ -15,7 +15,7 @@
 // row of zp bytes, so they add zp w and the subtraction cancels them: the same sum as DwConv). The lanes
 // come out in the order of the interleave (lane 4L + e of quarter q is channel 16L + 4q + e), which the
 // requantization parameters follow; a 4x4 transpose of 32-bit groups puts the bytes back in channel order.
-#include <immintrin.h>
+#include "simd.h"
 
 #include <algorithm>
 #include <climits>

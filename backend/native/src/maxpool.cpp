@@ -5,7 +5,7 @@
 // or with ceil_mode the ceiling, less one when the last window would start inside the end padding.
 // An empty window (only possible with large pads) is refused at creation. Codes compare as integers, so
 // the result is exact for any stored width.
-#include <immintrin.h>
+#include "simd.h"
 
 #include <algorithm>
 #include <climits>
@@ -95,17 +95,17 @@ struct MaxPoolKernel {
           T* acc = y + (r * ow + ox) * c;
           if constexpr (sizeof(T) == 1) {
             if (vec) {
-              int n = 0;
+              int ntaps = 0;
               for (int64_t i = 0; i < kh; ++i) {
                 const int64_t iy = oy * sh - pt + i * dh;
                 if (iy < 0 || iy >= h) continue;
                 for (int64_t j = 0; j < kw; ++j) {
                   const int64_t ix = ox * sw - pl + j * dw;
-                  if (ix >= 0 && ix < w) taps[static_cast<size_t>(n++)] = x + ((b * h + iy) * w + ix) * c;
+                  if (ix >= 0 && ix < w) taps[static_cast<size_t>(ntaps++)] = x + ((b * h + iy) * w + ix) * c;
                 }
               }
-              if (n == 0) throw std::runtime_error("MaxPool: a window lies wholly in the padding");
-              max_taps_u8(taps.data(), n, acc, c);
+              if (ntaps == 0) throw std::runtime_error("MaxPool: a window lies wholly in the padding");
+              max_taps_u8(taps.data(), ntaps, acc, c);
               continue;
             }
           }

@@ -9,7 +9,7 @@
 // copysign(0.5, v)): v +- 0.5 = (p +- 2^(s-1)) 2^-s is exact for s <= 52 (|p + 2^(s-1)| < 2^53), and
 // truncating it rounds ties away from zero. The same bound proves |R| < 2^31, so the conversion to int32 is
 // exact and the clamp runs on int32 values (clamp(v + zs, lo, hi) = clamp(v, lo - zs, hi - zs) + zs).
-#include <immintrin.h>
+#include "simd.h"
 
 #include <cstdint>
 #include <vector>

@@ -8,7 +8,7 @@
 // (requant_tail). Products must fit int64 (checked at creation: the lowering fuses only adds without int128
 // products). A skip tensor of another shape than the conv output is added after the conv with numpy
 // broadcasting (exact scalar loop).
-#include <immintrin.h>
+#include "simd.h"
 
 #include <algorithm>
 #include <stdexcept>

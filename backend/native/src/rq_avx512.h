@@ -2,7 +2,7 @@
 // stored as bytes: shared by the fused kernels QConv and QDwConv. The same integers as requant_tail.
 #pragma once
 
-#include <immintrin.h>
+#include "simd.h"
 
 #include <cmath>
 #include <cstdint>
