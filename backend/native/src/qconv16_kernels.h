@@ -34,22 +34,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
       _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(lo, 32), mo),
                        _mm512_slli_epi64(_mm512_mul_epi32(_mm512_srli_epi64(hi, 32), mo), 8)),
       _mm512_loadu_si512(q.ko + g));
-  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
-  __m512i te = KIND == kPlain ? pe : _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
-  __m512i to = KIND == kPlain ? po : _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
-  if (KIND == kParity) {
-    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
-    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
-  }
-  if (KIND == kSign) {
-    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
-    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
-  }
-  const __m512i vlo = _mm512_set1_epi64(q.lo - q.zs), vhi = _mm512_set1_epi64(q.hi - q.zs);
-  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), vlo), vhi);
-  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), vlo), vhi);
-  __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
-  v = _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+  const __m512i v = tail_pairs<KIND>(pe, po, q, g);
   const int left = q.nch - j0;
   if (left >= 16) _mm512_storeu_si512(y + j0, v);
   else _mm512_mask_storeu_epi32(y + j0, static_cast<__mmask16>((1u << left) - 1), v);

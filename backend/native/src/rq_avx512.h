@@ -110,6 +110,31 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
                          _mm512_set1_epi8(static_cast<char>(q.hi)));
 }
 
+// The tail of the int32-multiplier forms (rq16_32_values, rq16_wide32) on the int64 p of the even lanes (pe)
+// and of the odd ones (po) of 16 channels, group g = j0 / 2 of the even / odd tables: (p + A (+ the rounding
+// bit)) >> s, clamped to [lo - zs, hi - zs] (then every value fits int32), interleaved back into 16 int32
+// lanes, + zs. ``Args`` has the tables ke/ko (unused here), se/so, ae/ao, be/bo and lo, hi, zs.
+template <int KIND, class Args>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i tail_pairs(
+    __m512i pe, __m512i po, const Args& q, int g) {
+  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
+  __m512i te = KIND == kPlain ? pe : _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
+  __m512i to = KIND == kPlain ? po : _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
+  if (KIND == kParity) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
+  }
+  if (KIND == kSign) {
+    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
+    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
+  }
+  const __m512i lo = _mm512_set1_epi64(q.lo - q.zs), hi = _mm512_set1_epi64(q.hi - q.zs);
+  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), lo), hi);
+  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), lo), hi);
+  const __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
+  return _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+}
+
 // rq16 for int32 multipliers without widening the accumulators: vpmuldq multiplies the even int32 lanes
 // (and, after a 32-bit shift, the odd ones) into int64 products; after the shift and the clamp to
 // [lo - zs, hi - zs] every value fits int32, so the even and odd results interleave back into 16 int32
@@ -129,22 +154,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
   const __m512i pe = _mm512_add_epi64(_mm512_mul_epi32(d, m), _mm512_loadu_si512(q.ke + g));
   const __m512i po = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(d, 32), _mm512_srli_epi64(m, 32)),
                                       _mm512_loadu_si512(q.ko + g));
-  const __m512i se = _mm512_loadu_si512(q.se + g), so = _mm512_loadu_si512(q.so + g);
-  __m512i te = KIND == kPlain ? pe : _mm512_add_epi64(pe, _mm512_loadu_si512(q.ae + g));
-  __m512i to = KIND == kPlain ? po : _mm512_add_epi64(po, _mm512_loadu_si512(q.ao + g));
-  if (KIND == kParity) {
-    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srav_epi64(pe, se), _mm512_loadu_si512(q.be + g)));
-    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srav_epi64(po, so), _mm512_loadu_si512(q.bo + g)));
-  }
-  if (KIND == kSign) {
-    te = _mm512_add_epi64(te, _mm512_and_si512(_mm512_srai_epi64(pe, 63), _mm512_loadu_si512(q.be + g)));
-    to = _mm512_add_epi64(to, _mm512_and_si512(_mm512_srai_epi64(po, 63), _mm512_loadu_si512(q.bo + g)));
-  }
-  const __m512i lo = _mm512_set1_epi64(q.lo - q.zs), hi = _mm512_set1_epi64(q.hi - q.zs);
-  te = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(te, se), lo), hi);
-  to = _mm512_min_epi64(_mm512_max_epi64(_mm512_srav_epi64(to, so), lo), hi);
-  const __m512i v = _mm512_mask_blend_epi32(__mmask16(0xAAAA), te, _mm512_slli_epi64(to, 32));
-  return _mm512_add_epi32(v, _mm512_set1_epi32(static_cast<int32_t>(q.zs)));
+  return tail_pairs<KIND>(pe, po, q, g);
 }
 
 // rq16_32_values stored as the bytes of channels j0 .. min(j0 + 16, nch).
