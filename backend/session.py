@@ -41,7 +41,6 @@ __all__ = [
     "summary_line",
 ]
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -80,76 +79,17 @@ from zonnx.backend.provider_options import (
     parse_provider_options,
     provider_table,
 )
+from zonnx.backend.session_source import parse_source, read_source
 from zonnx.backend.staged import ORT_TYPES, StagedExecutor, open_executable, ort_cpu_session
 from zonnx.backend.targets import load_target
 from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
-from zonnx.ir.io import check_external_files, check_structure, external_data_locations, load_proto
-from zonnx.ir.large import EXTERNAL_ROOT
+from zonnx.ir.io import external_data_locations, load_proto
 
 logger = logging.getLogger(__name__)
 
 
 class InvalidInputError(ZonnxError, ValueError):
     """A feed has the wrong name, shape or dtype (ORT's INVALID_ARGUMENT, naming the input)."""
-
-
-def _refuse_external_bytes(model: onnx.ModelProto) -> None:
-    """A model given as bytes or a proto has no folder: tensors it keeps in external data cannot be found,
-    so it must be opened by its path (ModelLoadError naming the data file and the fix)."""
-    refs = sorted(
-        loc
-        for loc in external_data_locations(model)
-        if not Path(loc).is_file() and not (Path(EXTERNAL_ROOT) / loc).is_file()  # lazily loaded models
-    )
-    if refs:
-        raise ModelLoadError(
-            f"the model was given as bytes but keeps tensors in external data ({', '.join(refs)}), which "
-            "has no folder to be read from; open it by its path: InferenceSession('DIR/MODEL.onnx')."
-        )
-
-
-def _read(path_or_bytes: Any) -> tuple[bytes, str]:
-    if isinstance(path_or_bytes, bytes | bytearray):
-        light = onnx.ModelProto()
-        with contextlib.suppress(Exception):  # not parseable: _parse says so in one line
-            light.ParseFromString(bytes(path_or_bytes))
-        _refuse_external_bytes(light)
-        return bytes(path_or_bytes), "model"
-    if isinstance(path_or_bytes, onnx.ModelProto):
-        _refuse_external_bytes(path_or_bytes)
-        return path_or_bytes.SerializeToString(), "model"
-    path = Path(path_or_bytes)
-    if not path.is_file():
-        load_proto(path)  # raises the ModelLoadError that names the problem
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ModelLoadError(f"{path}: cannot be read ({e.strerror}).") from None
-    if b"location" not in data:  # every external-data reference holds the key "location": none here
-        return data, str(path)
-    try:
-        light = onnx.load_from_string(data)
-        refs = external_data_locations(light)
-    except Exception:  # noqa: BLE001 - not parseable: _parse says so in one line
-        light, refs = None, set()
-    if refs and light is not None and EXECUTABLE_KEY in {p.key for p in light.metadata_props}:
-        check_external_files(light, path.parent, str(path))  # a compiled model saved with external data:
-        return data, str(path)  # its weights stay on disk (compiled_store)
-    if refs:  # weights beside the model (missing ones named by load_proto): read them too, so the cache
-        return load_proto(path).SerializeToString(), str(path)  # key covers them and ORT finds them
-    return data, str(path)
-
-
-def _parse(data: bytes, where: str) -> onnx.ModelProto:
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(data)
-    except Exception:  # protobuf DecodeError
-        raise ModelLoadError(f"{where}: not a valid ONNX model (the protobuf does not parse).") from None
-    if not model.HasField("graph"):
-        raise ModelLoadError(f"{where}: not an ONNX model (no graph).")
-    check_structure(model, where, order=True)
-    return model
 
 
 def _lowering_id(native: NativeStatus | None = None) -> str:
@@ -210,9 +150,9 @@ class InferenceSession:
         self._compiled: onnx.ModelProto | None = None
         # The source is always read and hashed, never trusted by path and mtime: a model edited in
         # place must not be served an old program (backend/cache.py).
-        data, where = _read(path_or_bytes)
+        data, where = read_source(path_or_bytes)
         compiled = (
-            _parse(data, where)
+            parse_source(data, where)
             if any(k in data[-65536:] for k in (b"NpuSubgraph", b"zonnx.compiled", EXECUTABLE_KEY.encode()))
             else None
         )
@@ -286,7 +226,7 @@ class InferenceSession:
             except CompiledModelError as e:
                 logger.warning("cache entry %s: %s; recompiling", cache.folder, e)
                 self.from_cache = False
-        parsed = _parse(data, where)
+        parsed = parse_source(data, where)
         if is_compiled(parsed):
             self._build(parsed, False, mode, where)
             self._check_coverage(where)
