@@ -116,3 +116,34 @@ def test_lowering_uses_the_host_path() -> None:
         low = lower_program(prog, name="p", int_path=path)
         int8 = [i.name for i in low.initializers if i.data_type == 3 and i.dims]
         assert bool(int8) == (path == "u8s8"), (path, int8)
+
+
+@pytest.mark.parametrize("kernels", ["native", "onnx"])
+def test_a_warm_session_opens_its_stored_executable_exactly(tmp_path, kernels: str) -> None:
+    """The cache stores the lowered executable in this host's exact integer form (u8 x u8 weights where
+    ORT's u8 x s8 kernels saturate) and a warm session opens it as stored: cold, warm and the numpy
+    reference executor give the same bits on this CPU."""
+    import zonnx
+    from zonnx import zoo
+    from zonnx.quantization.calibration.readers import ListReader
+
+    feeds = zoo.sample_inputs("digits_cnn", 4, seed=2)
+    q = tmp_path / "digits_u8s8.onnx"
+    zonnx.quantize_static(
+        str(zoo.get("digits_cnn")), str(q), ListReader(feeds), per_channel=True,
+        activation_type="uint8", weight_type="int8", extra_options={"Target": "zhouyi-x2"},
+    )  # fmt: skip
+
+    def session(**extra: str) -> zonnx.InferenceSession:
+        opts = {"target": "zhouyi-x2", "cache_dir": str(tmp_path / "cache"), **extra}
+        return zonnx.InferenceSession(
+            str(q), providers=[("ZonnxNPUExecutionProvider", opts), "CPUExecutionProvider"]
+        )
+
+    cold, warm = session(kernels=kernels), session(kernels=kernels)
+    ref = session(executor="reference", enable_cache="0")
+    assert not cold.from_cache and warm.from_cache and warm.executor == "ort"
+    for f in feeds:
+        want = ref.run(None, f)[0]
+        assert np.array_equal(cold.run(None, f)[0], want), host_int().isa
+        assert np.array_equal(warm.run(None, f)[0], want), host_int().isa
