@@ -40,6 +40,7 @@ def run_budget_search(
     order_by: str = "report",
     range_search: bool = False,
     bias_correction: str = "try",
+    thresholds_trial: str = "try",
 ) -> None:
     """Search, print every candidate and ``summary`` of the final model, write the model and its config
     file; exit 1 under ``strict`` when the budget is not met. ``executor`` runs calibration shards and
@@ -63,6 +64,7 @@ def run_budget_search(
         max_layers=search_layers, measure_layers=measure_layers, progress=progress,
         input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share, executor=executor,
         order_by=order_by, range_search=range_search, bias_correction=bias_correction,
+        thresholds_trial=thresholds_trial,
     )  # fmt: skip
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
@@ -83,6 +85,13 @@ def run_budget_search(
         console.print(
             f"range search: {r.changed} of {len(r.choices)} group(s) clipped, output noise "
             f"{r.plain_noise:.4g} -> {r.noise:.4g} (written to {config_path})",
+            markup=False,
+        )
+    if result.thresholds is not None:
+        t = result.thresholds
+        console.print(
+            f"MSE thresholds {'chosen over min/max' if t.kept else 'tried, min/max kept'}: {metric} "
+            f"{t.plain.score:.5f} -> {t.changed.score:.5f} on the search samples (written to {config_path})",
             markup=False,
         )
     if result.bias_correction is not None:

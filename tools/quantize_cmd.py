@@ -233,6 +233,12 @@ def quantize(
         help="With --accuracy-budget: try (score the model with BiasCorrection on and keep it when it scores "
         "at least as well, before raising layers) or off.",
     ),
+    search_thresholds: str = typer.Option(
+        "try",
+        "--search-thresholds",
+        help="With --accuracy-budget and min/max calibration: try (score MSE thresholds and keep them when "
+        "they score at least as well, before raising layers) or off.",
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
     input_shape: list[str] = typer.Option(
         None,
@@ -304,10 +310,12 @@ def quantize(
         )
     if accuracy_budget is None and range_search:
         raise OptionError("--range-search goes with --accuracy-budget; add it or drop --range-search.")
-    if accuracy_budget is None and search_bias_correction != "try":
-        raise OptionError(
-            "--search-bias-correction goes with --accuracy-budget; add it or drop --search-bias-correction."
-        )
+    for flag, value in (
+        ("--search-bias-correction", search_bias_correction),
+        ("--search-thresholds", search_thresholds),
+    ):
+        if accuracy_budget is None and value != "try":
+            raise OptionError(f"{flag} goes with --accuracy-budget; add it or drop {flag}.")
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model, load_external_data=False)  # quantize_static reads (maps) the weights
     tdef = _target_defaults(target or cfg_file.get("target"))
@@ -400,7 +408,8 @@ def quantize(
                           search_layers, measure_layers, strict, summary_table,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,
-                          range_search=range_search, bias_correction=search_bias_correction)  # fmt: skip
+                          range_search=range_search, bias_correction=search_bias_correction,
+                          thresholds_trial=search_thresholds)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()

@@ -68,7 +68,9 @@ class CountingExecutor(LocalExecutor):
 
 
 def test_two_probes_per_round_find_the_same_choice_in_fewer_rounds(digits: Path, tmp_path: Path) -> None:
-    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100), max_layers=12, bias_correction="off")
+    kwargs = dict(
+        budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100), max_layers=12, bias_correction="off"
+    )
     one = quantize_with_budget(digits, tmp_path / "w1.onnx", _feeds(32), _config(), **kwargs)[1]
     counted = CountingExecutor()
     two = quantize_with_budget(digits, tmp_path / "w2.onnx", _feeds(32), _config(), executor=counted,
@@ -122,6 +124,7 @@ def test_the_written_config_reproduces_the_choice_without_searching(digits: Path
     assert proc.returncode == 0, proc.stderr
     assert "held out 8 of the 32 calibration samples" in proc.stderr
     assert "accuracy budget" in proc.stdout and "chosen" in proc.stdout
+    assert "MSE thresholds" in proc.stdout  # the trial over min/max, said either way
     again = tmp_path / "again.onnx"
     proc = run_cli(
         "quantize", str(digits), str(again), "--calib", str(calib), "--config", f"{searched}.search.toml"
@@ -201,6 +204,8 @@ def test_bad_search_input_is_one_clear_error(digits: Path, tmp_path: Path) -> No
     )
     proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--search-order", "measured")
     assert proc.returncode == 2 and "--search-order go with --accuracy-budget" in proc.stderr
+    proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--search-thresholds", "off")
+    assert proc.returncode == 2 and "--search-thresholds goes with --accuracy-budget" in proc.stderr
 
 
 def test_targets_offer_int16_where_their_file_says_so() -> None:
@@ -318,3 +323,44 @@ def test_bias_correction_is_not_tried_where_it_cannot_run(digits: Path, tmp_path
         eval_feeds=_feeds(16, 100),
     )
     assert result.bias_correction is None and "BiasCorrection" not in config_path.read_text()
+
+
+def test_mse_thresholds_are_tried_when_ranges_are_min_max(digits: Path, tmp_path: Path) -> None:
+    """One hot pixel in one calibration image stretches the min/max ranges it reaches; the search scores MSE thresholds
+    against min/max before raising any layer, keeps the better and writes it to the config file."""
+    calib = _feeds(32)
+    hot = calib[5]["input"].copy()
+    hot.flat[27] = 500.0  # one hot pixel (the 8x8 images span [0, 1])
+    calib[5] = {"input": hot}
+    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100), bias_correction="off")
+    _, result, config_path = quantize_with_budget(digits, tmp_path / "q.onnx", calib, _config(), **kwargs)
+    trial = result.thresholds
+    assert trial is not None and trial.kept and trial.changed.score > trial.plain.score + 0.01
+    assert result.baseline is trial.changed  # scored once, the search's starting point
+    assert 'method = "mse"' in config_path.read_text()
+    _, off, off_config = quantize_with_budget(
+        digits, tmp_path / "off.onnx", calib, _config(), thresholds_trial="off", **kwargs
+    )
+    assert off.thresholds is None and off.baseline.score == pytest.approx(trial.plain.score)
+    assert 'method = "minmax"' in off_config.read_text()
+    with pytest.raises(OptionError, match="thresholds_trial='maybe'"):
+        quantize_with_budget(
+            digits, tmp_path / "x.onnx", calib, _config(), thresholds_trial="maybe", **kwargs
+        )
+
+
+def test_mse_thresholds_are_not_tried_over_a_chosen_method(digits: Path, tmp_path: Path) -> None:
+    """A method the user (or the target recipe) chose other than min/max is kept as it is."""
+    from zonnx.quantization.enums import ZonnxCalibrationMethod
+
+    cfg = build_config(per_channel=True, calibrate_method=ZonnxCalibrationMethod.MSE)
+    _, result, config_path = quantize_with_budget(
+        digits,
+        tmp_path / "q.onnx",
+        _feeds(32),
+        cfg,
+        budget=0.002,
+        metric="cosine",
+        eval_feeds=_feeds(16, 100),
+    )
+    assert result.thresholds is None and 'method = "mse"' in config_path.read_text()

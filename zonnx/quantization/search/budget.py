@@ -78,6 +78,7 @@ class BudgetResult:
     min_npu_share: float = 0.0
     ranges: Any = None  # the range search (``ranges.RangeSearch``) run before, if any
     bias_correction: Any = None  # the bias-correction trial (``config_trial.ConfigTrial``), if any
+    thresholds: Any = None  # the MSE-thresholds trial (``config_trial.ConfigTrial``), if any
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate, baseline first: score, layers not int8, NPU MAC share, seconds."""

@@ -20,13 +20,17 @@ samples; TPU-MLIR's ``--bc``, Vitis's bias correction) and keeps it when it scor
 the metric: it leaves every layer int8, so it is cheaper than any layer raised. It then holds for every
 candidate and the final model, and the config file says ``BiasCorrection = true``. ``"off"`` skips it.
 
+MSE thresholds (``thresholds_trial="try"``, the default): when activations are calibrated by min/max,
+the search first scores the configuration with MSE thresholds (calibrated once more on the same samples)
+and keeps them when they score at least as well (``threshold_step.py``); ``"off"`` skips it.
+
 Each trial hands its kept configuration's scored candidate on (to the next trial, then to the search as
 its baseline), so no configuration is scored twice.
 """
 
 from __future__ import annotations
 
-__all__ = ["quantize_with_budget", "read_feeds", "ORDERS", "BIAS_CORRECTION"]
+__all__ = ["quantize_with_budget", "read_feeds", "ORDERS", "BIAS_CORRECTION", "THRESHOLDS_TRIAL"]
 
 import dataclasses
 import logging
@@ -48,6 +52,7 @@ from zonnx.quantization.search.measure import measure_groups, measured_order
 from zonnx.quantization.search.ranges import RangeSearch, search_ranges
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import feeds_digest
+from zonnx.quantization.search.threshold_step import thresholds_note, try_mse_thresholds
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +60,8 @@ logger = logging.getLogger(__name__)
 ORDERS = ("report", "measured")
 #: What the search does with bias correction (``quantize_with_budget(bias_correction=)``).
 BIAS_CORRECTION = ("try", "off")
+#: Whether the search tries MSE thresholds over min/max (``quantize_with_budget(thresholds_trial=)``).
+THRESHOLDS_TRIAL = ("try", "off")
 #: Most samples read into memory from a calibration reader for the search.
 MAX_SEARCH_SAMPLES = 4096
 
@@ -95,6 +102,7 @@ def quantize_with_budget(
     range_groups: int = 16,
     range_samples: int = 8,
     bias_correction: str = "try",
+    thresholds_trial: str = "try",
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
@@ -107,7 +115,9 @@ def quantize_with_budget(
     group causes alone (``measure.py``) on the first ``measure_samples`` evaluation samples;
     ``range_search``: search the ranges of the ``range_groups`` most sensitive groups first (module
     docstring; ``BudgetResult.ranges``); ``bias_correction``: ``"try"`` it before raising layers, or
-    ``"off"`` (module docstring; ``BudgetResult.bias_correction``). Returns the final ``QuantizeResult``,
+    ``"off"`` (module docstring; ``BudgetResult.bias_correction``); ``thresholds_trial``: ``"try"`` MSE
+    thresholds when activations are calibrated by min/max, or ``"off"`` (``threshold_step.py``;
+    ``BudgetResult.thresholds``). Returns the final ``QuantizeResult``,
     the ``BudgetResult`` (every candidate) and the config path.
     """
     from zonnx.quantization.api import quantize_static
@@ -128,6 +138,8 @@ def quantize_with_budget(
         raise OptionError(f"measure_samples={measure_samples}: measure on at least 1 sample.")
     if bias_correction not in BIAS_CORRECTION:
         raise OptionError(f"bias_correction={bias_correction!r}: use one of {', '.join(BIAS_CORRECTION)}.")
+    if thresholds_trial not in THRESHOLDS_TRIAL:
+        raise OptionError(f"thresholds_trial={thresholds_trial!r}: use one of {', '.join(THRESHOLDS_TRIAL)}.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
     if eval_feeds is None:
         calib, held = split_eval(feeds)
@@ -171,6 +183,13 @@ def quantize_with_budget(
             calib_feeds=calib,
         )  # fmt: skip
         start: Candidate | None = None  # the current configuration's scored candidate, once a trial scored it
+        thresholds = None
+        if thresholds_trial == "try":
+            thresholds = try_mse_thresholds(scorer, metric, model_input, calib, Path(work) / "stats-mse.npz")
+            if thresholds is not None:
+                start = thresholds.chosen
+                if thresholds.kept:
+                    config = dataclasses.replace(config, calibrate_method=scorer.base.calibrate_method)
         if range_search:
             ranges = search_ranges(
                 baseline.model, baseline.prepared, baseline.plan,
@@ -178,7 +197,7 @@ def quantize_with_budget(
                 groups=range_groups, keep=keep, validate=held[range_samples : 2 * range_samples],
             )  # fmt: skip
             if ranges.changed:
-                trial = try_config(scorer, _with_ranges(scorer.base, ranges))
+                trial = try_config(scorer, _with_ranges(scorer.base, ranges), start)
                 start = trial.chosen
                 _log_ranges_trial(trial, metric)
                 if trial.kept:
@@ -214,6 +233,7 @@ def quantize_with_budget(
             baseline=start,
         )
     result.ranges = ranges
+    result.thresholds = thresholds
     result.bias_correction = corrected
     final_cfg = dataclasses.replace(
         config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
@@ -226,7 +246,7 @@ def quantize_with_budget(
         f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
         f"on {result.eval_samples if result.chosen.full else len(scorer.feeds)} evaluation samples;\n"
         f"{result.chosen.raised} layer(s) raised to "
-        f"{result.precision}{_ranges_note(ranges)}{bias_correction_note(corrected)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
+        f"{result.precision}{thresholds_note(thresholds)}{_ranges_note(ranges)}{bias_correction_note(corrected)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
     )
     write_config(config_path, config, result.chosen.overrides, note)
     return final, result, config_path
