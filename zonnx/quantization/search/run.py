@@ -22,7 +22,8 @@ candidate and the final model, and the config file says ``BiasCorrection = true`
 
 MSE thresholds (``thresholds_trial="try"``, the default): when activations are calibrated by min/max,
 the search first scores the configuration with MSE thresholds (calibrated once more on the same samples)
-and keeps them when they score at least as well (``threshold_step.py``); ``"off"`` skips it.
+and keeps them when they score at least as well (``threshold_step.py``); kept, the MSE model's report
+and plan order the layers. ``"off"`` skips it.
 
 Each trial hands its kept configuration's scored candidate on (to the next trial, then to the search as
 its baseline), so no configuration is scored twice.
@@ -163,6 +164,23 @@ def quantize_with_budget(
             raise OptionError(
                 "the accuracy search needs the per-layer report; set ReportSamples to 1 or more."
             )
+        scorer = CandidateScorer(
+            model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples,
+            calib_feeds=calib,
+        )  # fmt: skip
+        start: Candidate | None = None  # the current configuration's scored candidate, once a trial scored it
+        thresholds = None
+        if thresholds_trial == "try":
+            tried = try_mse_thresholds(
+                scorer, metric, model_input, calib, base, Path(work) / "stats-mse.npz",
+                calibration_executor=shard_on,
+            )  # fmt: skip
+            if tried is not None:
+                thresholds, mse_baseline = tried
+                start = thresholds.chosen
+                if thresholds.kept:  # its statistics, report and plan order the layers from here on
+                    config = dataclasses.replace(config, calibrate_method=scorer.base.calibrate_method)
+                    baseline = mse_baseline
         order = None
         ranges: RangeSearch | None = None
         sens = []
@@ -178,18 +196,6 @@ def quantize_with_budget(
             )
             if order_by == "measured":
                 order = measured_order(sens)
-        scorer = CandidateScorer(
-            model_input, config, stats, held, metric, input_shapes=input_shapes, search_samples=search_samples,
-            calib_feeds=calib,
-        )  # fmt: skip
-        start: Candidate | None = None  # the current configuration's scored candidate, once a trial scored it
-        thresholds = None
-        if thresholds_trial == "try":
-            thresholds = try_mse_thresholds(scorer, metric, model_input, calib, Path(work) / "stats-mse.npz")
-            if thresholds is not None:
-                start = thresholds.chosen
-                if thresholds.kept:
-                    config = dataclasses.replace(config, calibrate_method=scorer.base.calibrate_method)
         if range_search:
             ranges = search_ranges(
                 baseline.model, baseline.prepared, baseline.plan,

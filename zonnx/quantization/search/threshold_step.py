@@ -1,9 +1,10 @@
 """The budget search's first step on an all-int8 configuration: try MSE thresholds instead of min/max.
 
 Rule: when activations are calibrated by plain min/max (ORT's default, and zhouyi-x2's asymmetric
-recipe), calibrate once more on the same samples with MSE thresholds (statistics with histograms, saved
-beside the search's own), score both configurations (``config_trial.try_config``) and keep MSE when it
-scores at least as well on the metric. Why: one outlier sample sets a min/max range for the whole
+recipe), quantize once more as the baseline was but with MSE thresholds (statistics with histograms,
+saved beside the search's own), score both configurations (``config_trial.try_config``) and keep MSE
+when it scores at least as well on the metric. Kept, the MSE model is the search's baseline: its
+per-layer report and measured sensitivities order the layers the search raises. Why: one outlier sample sets a min/max range for the whole
 tensor. On PP-OCRv4 rec for zhouyi-x2 min/max read 0.83 char accuracy on one set of lines and MSE 0.996,
 while on a transformer with real outlier channels min/max keeps what MSE clips; only the task metric
 can tell which holds for a model. Every layer stays int8 either way, so the step costs no NPU time.
@@ -46,11 +47,15 @@ def try_mse_thresholds(
     metric: str,
     model_input: str | Path,
     calib: Sequence[dict[str, np.ndarray]],
+    baseline_config: Any,
     stats_path: Path,
     plain: Candidate | None = None,
-) -> ConfigTrial | None:
-    """Calibrate with MSE thresholds into ``stats_path`` and A/B them against ``scorer.base`` (or
-    ``plain``, its scored candidate); the kept one stays the scorer's base. None when the configuration
+    calibration_executor: Any = None,
+) -> tuple[ConfigTrial, Any] | None:
+    """Quantize as the search's baseline was (``baseline_config``, with its report) but with MSE
+    thresholds, saving their statistics in ``stats_path``, and A/B them against ``scorer.base`` (or
+    ``plain``, its scored candidate); the kept one stays the scorer's base. Returns the trial and the MSE
+    baseline's ``QuantizeResult`` (the search's new baseline when kept), or None when the configuration
     does not calibrate by plain min/max (module docstring)."""
     from zonnx.quantization.api import quantize_static
 
@@ -58,17 +63,17 @@ def try_mse_thresholds(
     if not takes_mse_trial(base):
         return None
     calibrate = dataclasses.replace(
-        base,
+        baseline_config,
         calibrate_method=ZonnxCalibrationMethod.MSE,
-        extra=dataclasses.replace(
-            base.extra,
-            load_stats=None,
-            save_stats=str(stats_path),
-            bias_correction=False,  # recovery runs after calibration; this call only saves statistics
-            include_fast_ft=False,
-        ),
+        extra=dataclasses.replace(baseline_config.extra, load_stats=None, save_stats=str(stats_path)),
     )
-    quantize_static(model_input, None, ListReader(list(calib)), config=calibrate)
+    result = quantize_static(
+        model_input,
+        None,
+        ListReader(list(calib)),
+        config=calibrate,
+        calibration_executor=calibration_executor,
+    )
     changed = dataclasses.replace(
         base,
         calibrate_method=ZonnxCalibrationMethod.MSE,
@@ -82,7 +87,7 @@ def try_mse_thresholds(
         trial.plain.score,
         trial.changed.score,
     )
-    return trial
+    return trial, result
 
 
 def thresholds_note(trial: ConfigTrial | None) -> str:
