@@ -82,11 +82,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void s
     __m512i c0, __m512i c1, __m512i c2, __m512i c3, const RqArgs& rq, uint8_t* y) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __mmask64 mask = rq.nch >= 64 ? ~__mmask64(0) : ((__mmask64(1) << rq.nch) - 1);
-  const __m512i v0 = rq16_f64_values<KIND>(c0, rq, 0);
-  const __m512i v1 = NV > 1 ? rq16_f64_values<KIND>(c1, rq, 16) : v0;
-  const __m512i v2 = NV > 2 ? rq16_f64_values<KIND>(c2, rq, 32) : v0;
-  const __m512i v3 = NV > 3 ? rq16_f64_values<KIND>(c3, rq, 48) : v0;
-  _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, pack64_u8(v0, v1, v2, v3, rq)));
+  _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, rq64_f64<KIND, NV>(c0, c1, c2, c3, rq)));
 }
 
 // Accumulators are named variables (GCC keeps them in registers; an array of vectors it spills).
@@ -336,7 +332,9 @@ struct QConvKernel {
   std::vector<int64_t> zw64;  // the same in int64 (16-bit inputs: xzp up to 65535)
   bool wide;                  // QConv16: int32-stored 16-bit input codes, int32 output codes
   std::vector<int64_t> xm;    // per channel: max |acc - zw| = xzp-centred input range x sum |w|
+  std::vector<int64_t> xa;    // per channel: max |acc| = 255 sum |w| (F32Tables)
   F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
+  F32Tables f32;              // its certified float32 shortcut where the error bound is small (rq_avx512.h)
   int vkind = kPlain;         // the VNNI path's rounding kind: kind, or kF64Floor / kF64Even
   bool direct16 = false;      // QConv16 by compute16_direct (the weights packed in its segments)
   bool w32 = false;           // QConv16 on AVX-512 with int32 multipliers: rq16_wide32 (kwe, kwo)
@@ -409,6 +407,7 @@ struct QConvKernel {
         f64.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xm.data(), kind,
                   zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
+    if (vkind == kF64Floor || vkind == kF64Even) f32.build(f64, mult.data(), shift.data(), xa.data(), vkind, zs, lo, hi);
     // rq16_wide32: int32 multipliers and [lo - zs, hi - zs] and zs within int32; K - M zw (+ A for kPlain)
     // in wrapping 64-bit arithmetic (rq16_wide32 forms p modulo 2^64)
     w32 = wide && isa == 2 && !mult32.empty() && lo - zs >= INT32_MIN && hi - zs <= INT32_MAX &&
@@ -446,6 +445,7 @@ struct QConvKernel {
     zw.assign(static_cast<size_t>(panels * kPanel), 0);
     zw64.assign(static_cast<size_t>(panels * kPanel), 0);
     xm.assign(static_cast<size_t>(panels * kPanel), 0);
+    xa.assign(static_cast<size_t>(panels * kPanel), 0);
     // Weight sums and magnitudes per channel, row by row (rows of w are contiguous; |sum| < k 128 < 2^31).
     std::vector<int32_t> sum(static_cast<size_t>(o), 0), mag(static_cast<size_t>(o), 0);
     for (int64_t kk = 0; kk < kdim; ++kk) {
@@ -478,6 +478,7 @@ struct QConvKernel {
     for (int64_t oc = 0; oc < o; ++oc) {
       const int64_t total = sum[static_cast<size_t>(oc)];
       xm[static_cast<size_t>(oc)] = mag[static_cast<size_t>(oc)] * std::max<int64_t>(xzp, 255 - xzp);
+      xa[static_cast<size_t>(oc)] = int64_t{mag[static_cast<size_t>(oc)]} * 255;
       zw[static_cast<size_t>(oc)] = static_cast<int32_t>(wide ? 0 : xzp * total);
       zw64[static_cast<size_t>(oc)] = xzp * total;
     }
@@ -749,7 +750,9 @@ struct QConvKernel {
                         mult32.empty() ? nullptr : mult32.data() + o0, ke.data() + h0, ko.data() + h0,
                         se.data() + h0, so.data() + h0, ae.data() + h0, ao.data() + h0, be.data() + h0,
                         bo.data() + h0, f64.fm.empty() ? nullptr : f64.fm.data() + o0,
-                        f64.fc.empty() ? nullptr : f64.fc.data() + o0};
+                        f64.fc.empty() ? nullptr : f64.fc.data() + o0,
+                        f32.gm.empty() ? nullptr : f32.gm.data() + o0, f32.gc.empty() ? nullptr : f32.gc.data() + o0,
+                        f32.gt.empty() ? nullptr : f32.gt.data() + o0};
         for (int64_t r = 0; r < rows; r += kMR) {
           const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           if (isa == 2) {

@@ -4,7 +4,9 @@
 
 #include "simd.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +35,7 @@ struct RqArgs {
                                        // (ke, ko: K + A, fold_plain, for the kPlain rounding kind)
   const int64_t *ae, *ao, *be, *bo;    // a and b likewise
   const double *fm, *fc;               // rq16_f64 tables (F64Tables), channel order like m32; else null
+  const float *gm, *gc, *gt;           // rq64_f64's float32 tables (F32Tables), channel order; else null
 };
 
 // Two more values of the KIND template argument (beyond RoundKind): the float64 form of kPlain (floor) and
@@ -93,6 +96,78 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
                             _mm512_cvt_roundpd_epi32(v1, kRound), 1);
 }
 
+// The float32 shortcut of the float64 form, certified per lane. With gm, gc the float32 roundings of fm, fc
+// and A a bound on |acc| (255 sum |w| for uint8 inputs), y32 = fma(float(acc), gm, gc) differs from the exact
+// y = acc fm + fc by at most E = 2^-22 (A |fm| + |fc|) (the conversions of acc, fm and fc and the fma's one
+// rounding, each at most 2^-24 times a term of the bound); the tables are built only where E <= 2^-8. The
+// result is clamp(R(y), L, H) with R = floor or round-half-even and L = lo - zs, H = hi - zs. Where y32 lies
+// beyond [L - 1/2, H + 1/2] (floor: [L, H + 1)), y lies beyond it by less than E on the same side, so both give
+// L, resp. H, whatever the rounding. Inside, |y| <= W + 1 with W = max(|L|, |H|) + 1, so |acc fm| <= W + 1 +
+// |fc| and the error is at most e = 2^-22 (W + 1 + |fc|). vreduceps gives r = y32 - rint(y32) exactly. floor:
+// when |r| > e no integer lies between y and y32, so floor(y32) = floor(y); round-half-even: when |r| < 1/2 - e
+// no half-integer does, so both round to rint(y32). gt holds the test's threshold per channel (e rounded up
+// for floor, 1/2 - e rounded down for half_even; a lane fails when |r| <= gt, resp. >= gt, whether or not it
+// lies inside), and a row where any lane fails is computed again in float64. Where every value is exact in
+// float32 (|acc| < 2^24, fm and fc exact, |M| A + |C| < 2^24 for y = (M acc + C) 2^-s) the test never fails
+// (gt = -1, resp. 1): built then whatever E (|y32| < 2^24). E <= 2^-8 bounds |y32| below 2^15, far inside
+// int32, for the conversion.
+struct F32Tables {
+  std::vector<float> gm, gc, gt;
+
+  bool build(const F64Tables& f64, const int64_t* m, const int64_t* s, const int64_t* amax, int kind, int64_t zs,
+             int64_t lo, int64_t hi) {
+    const size_t n = f64.fm.size();
+    gm.assign(n, 0.0f);
+    gc.assign(n, 0.0f);
+    gt.assign(n, 0.0f);
+    const double w = static_cast<double>(std::max(std::abs(lo - zs), std::abs(hi - zs)) + 1);
+    bool ok = n > 0 && (kind == kF64Floor || kind == kF64Even);
+    for (size_t j = 0; ok && j < n; ++j) {
+      const double fm = f64.fm[j], fc = f64.fc[j], a = static_cast<double>(amax[j]);
+      gm[j] = static_cast<float>(fm);
+      gc[j] = static_cast<float>(fc);
+      const double c = std::ldexp(fc, static_cast<int>(s[j]));  // the integer C (exact: |C| < 2^52)
+      const double mag = std::fabs(static_cast<double>(m[j])) * a + std::fabs(c);
+      const bool exact = amax[j] >= 0 && amax[j] < (int64_t{1} << 24) && static_cast<double>(gm[j]) == fm &&
+                         static_cast<double>(gc[j]) == fc && mag < 16777216.0;
+      ok = exact || (amax[j] >= 0 && std::ldexp(a * std::fabs(fm) + std::fabs(fc), -22) <= 1.0 / 256);
+      if (!ok) break;
+      const double e = std::ldexp(w + 1 + std::fabs(fc), -22) * (1 + 1e-9);
+      float t;
+      if (kind == kF64Floor) {
+        t = exact ? -1.0f : static_cast<float>(e);
+        if (!exact && static_cast<double>(t) < e) t = std::nextafter(t, 1.0f);
+      } else {
+        t = exact ? 1.0f : static_cast<float>(0.5 - e);
+        if (!exact && static_cast<double>(t) > 0.5 - e) t = std::nextafter(t, 0.0f);
+      }
+      gt[j] = t;
+    }
+    if (!ok) {
+      gm.clear();
+      gc.clear();
+      gt.clear();
+    }
+    return ok;
+  }
+};
+
+// y32 of F32Tables for 16 accumulators (channels j0 ..) and the lanes where its test fails.
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512 rq16_f32(
+    __m512i acc, const RqArgs& q, int j0, __mmask16& bad) {
+  const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps(q.gm + j0), _mm512_loadu_ps(q.gc + j0));
+  const __m512 r = _mm512_abs_ps(_mm512_reduce_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  bad = _mm512_cmp_ps_mask(r, _mm512_loadu_ps(q.gt + j0), KIND == kF64Floor ? _CMP_LE_OQ : _CMP_GE_OQ);
+  return y;
+}
+
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i cvt_f32(__m512 y) {
+  constexpr int kRound = (KIND == kF64Floor ? _MM_FROUND_TO_NEG_INF : _MM_FROUND_TO_NEAREST_INT) | _MM_FROUND_NO_EXC;
+  return _mm512_cvt_roundps_epi32(y, kRound);
+}
+
 // clamp(v + zs, lo, hi) of four vectors of exact int32 values v as 64 bytes, for 0 <= lo <= hi <= 255 and
 // -32512 <= zs <= 32767: packs saturates v to int16, adds_epi16 adds zs with int16 saturation, packus
 // saturates to [0, 255], then the clamp to [lo, hi]. Exact: where v is in int16 range and v + zs too, no
@@ -108,6 +183,31 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
   const __m512i r = _mm512_packus_epi16(a, b);
   return _mm512_min_epu8(_mm512_max_epu8(r, _mm512_set1_epi8(static_cast<char>(q.lo))),
                          _mm512_set1_epi8(static_cast<char>(q.hi)));
+}
+
+// The float64 form's rounded values of NV (1, 2 or 4) accumulator vectors (channels 0 .. 16 NV of the panel)
+// packed by pack64_u8 (the vectors beyond NV repeat the first): by F32Tables' float32 shortcut where its test
+// passes for every lane, else by rq16_f64_values. KIND: kF64Floor or kF64Even.
+template <int KIND, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i rq64_f64(
+    __m512i c0, __m512i c1, __m512i c2, __m512i c3, const RqArgs& q) {
+  if (q.gm != nullptr) {
+    __mmask16 b0, b1 = 0, b2 = 0, b3 = 0;
+    const __m512 y0 = rq16_f32<KIND>(c0, q, 0, b0);
+    const __m512 y1 = NV > 1 ? rq16_f32<KIND>(c1, q, 16, b1) : y0;
+    const __m512 y2 = NV > 2 ? rq16_f32<KIND>(c2, q, 32, b2) : y0;
+    const __m512 y3 = NV > 3 ? rq16_f32<KIND>(c3, q, 48, b3) : y0;
+    if (__builtin_expect((b0 | b1 | b2 | b3) == 0, 1)) {
+      const __m512i v0 = cvt_f32<KIND>(y0);
+      return pack64_u8(v0, NV > 1 ? cvt_f32<KIND>(y1) : v0, NV > 2 ? cvt_f32<KIND>(y2) : v0,
+                       NV > 3 ? cvt_f32<KIND>(y3) : v0, q);
+    }
+  }
+  const __m512i v0 = rq16_f64_values<KIND>(c0, q, 0);
+  const __m512i v1 = NV > 1 ? rq16_f64_values<KIND>(c1, q, 16) : v0;
+  const __m512i v2 = NV > 2 ? rq16_f64_values<KIND>(c2, q, 32) : v0;
+  const __m512i v3 = NV > 3 ? rq16_f64_values<KIND>(c3, q, 48) : v0;
+  return pack64_u8(v0, v1, v2, v3, q);
 }
 
 // The tail of the int32-multiplier forms (rq16_32_values, rq16_wide32) on the int64 p of the even lanes (pe)
