@@ -85,6 +85,46 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void s
   _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, rq64_f64<KIND, NV>(c0, c1, c2, c3, rq)));
 }
 
+// The float64 form of mr <= 6 rows of a tile (row r: the NV 16-lane accumulator vectors at tile + 64 r) by
+// F32Tables' float32 shortcut (rq.gm set), with the tables' vectors loaded once per tile; a row where the
+// shortcut's test fails is computed again in float64. Byte order and store as store_f64.
+template <int KIND, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void store_tile_f32(
+    const int32_t* tile, int mr, const RqArgs& rq, uint8_t* y, int64_t ldy) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __mmask64 mask = rq.nch >= 64 ? ~__mmask64(0) : ((__mmask64(1) << rq.nch) - 1);
+  constexpr int kCmp = KIND == kF64Floor ? _CMP_LE_OQ : _CMP_GE_OQ;
+  constexpr int kRed = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m512 gm[NV], gc[NV], gt[NV];
+  for (int v = 0; v < NV; ++v) {
+    gm[v] = _mm512_loadu_ps(rq.gm + 16 * v);
+    gc[v] = _mm512_loadu_ps(rq.gc + 16 * v);
+    gt[v] = _mm512_loadu_ps(rq.gt + 16 * v);
+  }
+  for (int r = 0; r < mr; ++r, tile += kPanel, y += ldy) {
+    __m512 f[NV];
+    __mmask16 bad = 0;
+    for (int v = 0; v < NV; ++v) {
+      f[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(tile + 16 * v)), gm[v], gc[v]);
+      bad |= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_reduce_ps(f[v], kRed)), gt[v], kCmp);
+    }
+    __m512i out;
+    if (__builtin_expect(bad == 0, 1)) {
+      const __m512i v0 = cvt_f32<KIND>(f[0]);
+      const __m512i v1 = NV > 1 ? cvt_f32<KIND>(f[NV > 1 ? 1 : 0]) : v0;
+      const __m512i v2 = NV > 2 ? cvt_f32<KIND>(f[NV > 2 ? 2 : 0]) : v0;
+      const __m512i v3 = NV > 3 ? cvt_f32<KIND>(f[NV > 3 ? 3 : 0]) : v0;
+      out = pack64_u8(v0, v1, v2, v3, rq);
+    } else {
+      const __m512i c0 = _mm512_load_si512(tile);
+      out = pack64_f64<KIND, NV>(c0, NV > 1 ? _mm512_load_si512(tile + 16) : c0,
+                                 NV > 2 ? _mm512_load_si512(tile + 32) : c0, NV > 3 ? _mm512_load_si512(tile + 48) : c0,
+                                 rq);
+    }
+    _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, out));
+  }
+}
+
 // Accumulators are named variables (GCC keeps them in registers; an array of vectors it spills).
 #define ZN_ACC(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
 #define ZN_ROW(r)                                                                  \
@@ -96,6 +136,13 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void s
     if constexpr (NV > 1) c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);          \
     if constexpr (NV > 2) c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);          \
     if constexpr (NV > 3) c##r##3 = _mm512_dpbusd_epi32(c##r##3, av, b3);          \
+  }
+#define ZN_TILE(r)                                                                 \
+  if constexpr (MR > r) {                                                          \
+    _mm512_store_si512(tile + r * kPanel, c##r##0);                                \
+    if constexpr (NV > 1) _mm512_store_si512(tile + r * kPanel + 16, c##r##1);     \
+    if constexpr (NV > 2) _mm512_store_si512(tile + r * kPanel + 32, c##r##2);     \
+    if constexpr (NV > 3) _mm512_store_si512(tile + r * kPanel + 48, c##r##3);     \
   }
 #define ZN_STORE(r)                                                                \
   if constexpr (MR > r) {                                                          \
@@ -132,10 +179,19 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
     const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
     ZN_ROW(0) ZN_ROW(1) ZN_ROW(2) ZN_ROW(3) ZN_ROW(4) ZN_ROW(5)
   }
+  if constexpr (KIND == kF64Floor || KIND == kF64Even) {
+    if (rq.gm != nullptr) {
+      alignas(64) int32_t tile[MR * kPanel];
+      ZN_TILE(0) ZN_TILE(1) ZN_TILE(2) ZN_TILE(3) ZN_TILE(4) ZN_TILE(5)
+      store_tile_f32<KIND, NV>(tile, MR, rq, y, ldy);
+      return;
+    }
+  }
   ZN_STORE(0) ZN_STORE(1) ZN_STORE(2) ZN_STORE(3) ZN_STORE(4) ZN_STORE(5)
 }
 #undef ZN_ACC
 #undef ZN_ROW
+#undef ZN_TILE
 #undef ZN_STORE
 
 // AVX-VNNI (VEX, 256-bit): MR <= 3 positions x one half (32 lanes) of a panel per call, int32 sums to c.

@@ -185,6 +185,17 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
                          _mm512_set1_epi8(static_cast<char>(q.hi)));
 }
 
+// pack64_u8 of rq16_f64_values of NV (1, 2 or 4) accumulator vectors (the vectors beyond NV repeat the first).
+template <int KIND, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i pack64_f64(
+    __m512i c0, __m512i c1, __m512i c2, __m512i c3, const RqArgs& q) {
+  const __m512i v0 = rq16_f64_values<KIND>(c0, q, 0);
+  const __m512i v1 = NV > 1 ? rq16_f64_values<KIND>(c1, q, 16) : v0;
+  const __m512i v2 = NV > 2 ? rq16_f64_values<KIND>(c2, q, 32) : v0;
+  const __m512i v3 = NV > 3 ? rq16_f64_values<KIND>(c3, q, 48) : v0;
+  return pack64_u8(v0, v1, v2, v3, q);
+}
+
 // The float64 form's rounded values of NV (1, 2 or 4) accumulator vectors (channels 0 .. 16 NV of the panel)
 // packed by pack64_u8 (the vectors beyond NV repeat the first): by F32Tables' float32 shortcut where its test
 // passes for every lane, else by rq16_f64_values. KIND: kF64Floor or kF64Even.
@@ -203,11 +214,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
                        NV > 3 ? cvt_f32<KIND>(y3) : v0, q);
     }
   }
-  const __m512i v0 = rq16_f64_values<KIND>(c0, q, 0);
-  const __m512i v1 = NV > 1 ? rq16_f64_values<KIND>(c1, q, 16) : v0;
-  const __m512i v2 = NV > 2 ? rq16_f64_values<KIND>(c2, q, 32) : v0;
-  const __m512i v3 = NV > 3 ? rq16_f64_values<KIND>(c3, q, 48) : v0;
-  return pack64_u8(v0, v1, v2, v3, q);
+  return pack64_f64<KIND, NV>(c0, c1, c2, c3, q);
 }
 
 // The tail of the int32-multiplier forms (rq16_32_values, rq16_wide32) on the int64 p of the even lanes (pe)
