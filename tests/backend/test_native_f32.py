@@ -1,7 +1,8 @@
 """The float32 shortcut of the native kernels' float64 requantization (``F32Tables`` / ``rq64_f64`` in
 ``rq_avx512.h``) equals the numpy formula in every rounding mode, for QConv (1x1 rows read in place, a 3x3
 im2col; a full and a half panel, a panel of three 16-lane blocks run as four, one partial block) and QDwConv
-(32 channels, two pixels per block; 144, a partial block; strides 1 and 2). Three multiplier sets, all within
+(32 channels, two pixels per block; 144, a partial block; strides 1 and 2), each with one channel of zero
+weights (a constant result, stored in the tables as such). Three multiplier sets, all within
 the shortcut's bound so every kernel takes it: ``ties`` (31-bit multipliers 2^30 + d with shifts 31 and 32:
 the values lie within 2^-20 of an integer or a half in a quarter of the lanes, so most rows fail the test
 and run again in float64), ``spread`` (31-bit multipliers for ratios 10^-3.5 .. 10^-2.3: the float32 values
@@ -82,6 +83,7 @@ def test_qconv_float32_form(kind: str, c: int, o: int, kernel: int) -> None:
     x = rng.integers(0, 256, size=(1, 11, 13, c)).astype(np.uint8)
     wmax = 120 if kind != "ties" else 6 * 16 // (kernel * kernel * c)
     w = rng.integers(-wmax, wmax + 1, size=(kernel * kernel * c, o)).astype(np.int8)
+    w[:, 3] = 0  # a constant channel
     pad = kernel // 2
     xp = np.pad(x.astype(np.int64), [(0, 0), (pad, pad), (pad, pad), (0, 0)], constant_values=ZP)
     taps = [xp[:, i : i + 11, j : j + 13] for i in range(kernel) for j in range(kernel)]
@@ -104,6 +106,7 @@ def test_qdwconv_float32_form(kind: str, c: int, stride: int) -> None:
     rng = np.random.default_rng(c + stride)
     wmax = 12 if kind == "ties" else 127
     w = rng.integers(-wmax, wmax + 1, size=(c, 1, 3, 3))
+    w[5] = 0  # a constant channel
     x = rng.integers(0, 256, size=(1, 12, 11, c)).astype(np.uint8)
     xp = np.pad(x.astype(np.int64) - ZP, [(0, 0), (1, 1), (1, 1), (0, 0)])
     oh, ow = ((n - 1) // stride + 1 for n in x.shape[1:3])

@@ -250,7 +250,7 @@ struct DwVnni {
                   se.data() + h, so.data() + h, ae.data() + h, ao.data() + h, be.data() + h, bo.data() + h,
                   f64.fm.empty() ? nullptr : f64.fm.data() + o, f64.fc.empty() ? nullptr : f64.fc.data() + o,
                   f32.gm.empty() ? nullptr : f32.gm.data() + o, f32.gc.empty() ? nullptr : f32.gc.data() + o,
-                  f32.gt.empty() ? nullptr : f32.gt.data() + o};
+                  f32.gtc.empty() ? nullptr : f32.gtc.data() + o / 4};
   }
 };
 

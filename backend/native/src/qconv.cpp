@@ -93,34 +93,19 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void s
     const int32_t* tile, int mr, const RqArgs& rq, uint8_t* y, int64_t ldy) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __mmask64 mask = rq.nch >= 64 ? ~__mmask64(0) : ((__mmask64(1) << rq.nch) - 1);
-  constexpr int kCmp = KIND == kF64Floor ? _CMP_LE_OQ : _CMP_GE_OQ;
-  constexpr int kRed = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  __m512 gm[NV], gc[NV], gt[NV];
+  __m512 gm[4], gc[4];
   for (int v = 0; v < NV; ++v) {
     gm[v] = _mm512_loadu_ps(rq.gm + 16 * v);
     gc[v] = _mm512_loadu_ps(rq.gc + 16 * v);
-    gt[v] = _mm512_loadu_ps(rq.gt + 16 * v);
   }
+  const __m512 tc = _mm512_loadu_ps(rq.gt);
   for (int r = 0; r < mr; ++r, tile += kPanel, y += ldy) {
-    __m512 f[NV];
-    __mmask16 bad = 0;
-    for (int v = 0; v < NV; ++v) {
-      f[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(tile + 16 * v)), gm[v], gc[v]);
-      bad |= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_reduce_ps(f[v], kRed)), gt[v], kCmp);
-    }
+    __m512i c[4];
+    for (int v = 0; v < NV; ++v) c[v] = _mm512_load_si512(tile + 16 * v);
+    for (int v = NV; v < 4; ++v) c[v] = c[0];
     __m512i out;
-    if (__builtin_expect(bad == 0, 1)) {
-      const __m512i v0 = cvt_f32<KIND>(f[0]);
-      const __m512i v1 = NV > 1 ? cvt_f32<KIND>(f[NV > 1 ? 1 : 0]) : v0;
-      const __m512i v2 = NV > 2 ? cvt_f32<KIND>(f[NV > 2 ? 2 : 0]) : v0;
-      const __m512i v3 = NV > 3 ? cvt_f32<KIND>(f[NV > 3 ? 3 : 0]) : v0;
-      out = pack64_u8(v0, v1, v2, v3, rq);
-    } else {
-      const __m512i c0 = _mm512_load_si512(tile);
-      out = pack64_f64<KIND, NV>(c0, NV > 1 ? _mm512_load_si512(tile + 16) : c0,
-                                 NV > 2 ? _mm512_load_si512(tile + 32) : c0, NV > 3 ? _mm512_load_si512(tile + 48) : c0,
-                                 rq);
-    }
+    if (__builtin_expect(!f32_try<KIND, NV>(c, gm, gc, tc, rq, out), 0))
+      out = pack64_f64<KIND, NV>(c[0], c[1], c[2], c[3], rq);
     _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, out));
   }
 }
@@ -808,7 +793,7 @@ struct QConvKernel {
                         bo.data() + h0, f64.fm.empty() ? nullptr : f64.fm.data() + o0,
                         f64.fc.empty() ? nullptr : f64.fc.data() + o0,
                         f32.gm.empty() ? nullptr : f32.gm.data() + o0, f32.gc.empty() ? nullptr : f32.gc.data() + o0,
-                        f32.gt.empty() ? nullptr : f32.gt.data() + o0};
+                        f32.gtc.empty() ? nullptr : f32.gtc.data() + o0 / 4};
         for (int64_t r = 0; r < rows; r += kMR) {
           const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           if (isa == 2) {

@@ -35,7 +35,7 @@ struct RqArgs {
                                        // (ke, ko: K + A, fold_plain, for the kPlain rounding kind)
   const int64_t *ae, *ao, *be, *bo;    // a and b likewise
   const double *fm, *fc;               // rq16_f64 tables (F64Tables), channel order like m32; else null
-  const float *gm, *gc, *gt;           // rq64_f64's float32 tables (F32Tables), channel order; else null
+  const float *gm, *gc, *gt;           // F32Tables' gm, gc (channel order) and gtc (the group's 16); else null
 };
 
 // Two more values of the KIND template argument (beyond RoundKind): the float64 form of kPlain (floor) and
@@ -96,23 +96,27 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
                             _mm512_cvt_roundpd_epi32(v1, kRound), 1);
 }
 
-// The float32 shortcut of the float64 form, certified per lane. With gm, gc the float32 roundings of fm, fc
-// and A a bound on |acc| (255 sum |w| for uint8 inputs), y32 = fma(float(acc), gm, gc) differs from the exact
-// y = acc fm + fc by at most E = 2^-22 (A |fm| + |fc|) (the conversions of acc, fm and fc and the fma's one
-// rounding, each at most 2^-24 times a term of the bound); the tables are built only where E <= 2^-8. The
-// result is clamp(R(y), L, H) with R = floor or round-half-even and L = lo - zs, H = hi - zs. Where y32 lies
-// beyond [L - 1/2, H + 1/2] (floor: [L, H + 1)), y lies beyond it by less than E on the same side, so both give
-// L, resp. H, whatever the rounding. Inside, |y| <= W + 1 with W = max(|L|, |H|) + 1, so |acc fm| <= W + 1 +
-// |fc| and the error is at most e = 2^-22 (W + 1 + |fc|). vreduceps gives r = y32 - rint(y32) exactly. floor:
-// when |r| > e no integer lies between y and y32, so floor(y32) = floor(y); round-half-even: when |r| < 1/2 - e
-// no half-integer does, so both round to rint(y32). gt holds the test's threshold per channel (e rounded up
-// for floor, 1/2 - e rounded down for half_even; a lane fails when |r| <= gt, resp. >= gt, whether or not it
-// lies inside), and a row where any lane fails is computed again in float64. Where every value is exact in
-// float32 (|acc| < 2^24, fm and fc exact, |M| A + |C| < 2^24 for y = (M acc + C) 2^-s) the test never fails
-// (gt = -1, resp. 1): built then whatever E (|y32| < 2^24). E <= 2^-8 bounds |y32| below 2^15, far inside
-// int32, for the conversion.
+// The float32 shortcut of the float64 form, certified per lane. With gm, gc the float32 roundings of fm and
+// fc + zs and A a bound on |acc| (255 sum |w| for uint8 inputs), y32 = fma(float(acc), gm, gc) differs from
+// the exact y = acc fm + fc + zs by at most E = 2^-22 (A |fm| + |fc + zs|) (the conversions of acc, fm and
+// fc + zs and the fma's one rounding, each at most 2^-24 times a term of the bound); the tables are built only
+// where E <= 2^-8. The result is clamp(R(y), lo, hi) (R = floor or round-half-even: R(y - zs) + zs = R(y), zs
+// an integer). Where y32 lies beyond [lo - 1/2, hi + 1/2] (floor: [lo, hi + 1)), y lies beyond it by less
+// than E on the same side, so both give lo, resp. hi, whatever the rounding. Inside, |y| <= 257, so |acc fm|
+// <= 257 + |fc + zs| and the error is at most e = 2^-22 (258 + |fc + zs|). vreduceps gives r = y32 -
+// rint(y32) exactly. floor: when |r| > e no integer lies between y and y32, so floor(y32) = floor(y);
+// round-half-even: when |r| < 1/2 - e no half-integer does, so both round to rint(y32). gt holds the test's
+// threshold per channel (e rounded up for floor, 1/2 - e rounded down for half_even; a lane fails when |r| <=
+// gt, resp. >= gt, whether or not it lies inside); where every value is exact in float32 (|acc| < 2^24, fm
+// and fc + zs exact, |M| A + |C| < 2^24 for y = (M acc + C) 2^-s) the lane never fails (gt = -1, resp. 1):
+// built then whatever E. A channel without weights (A = 0: also the padding of a panel) has the constant
+// result v = clamp(R(fc), lo - zs - 1, hi - zs + 1) + zs, stored as gm = 0, gc = v + 1/2 (floor) or v
+// (half_even), exact, and its r (1/2, resp. 0) passes any test. The test runs on 64 lanes at once: per lane
+// position l of the four 16-lane blocks of a 64-channel group, gtc holds the largest (floor), resp. smallest
+// threshold of the four, compared with the smallest, resp. largest |r| of the block's lanes (vrangeps); a row
+// that fails anywhere is computed again in float64. E <= 2^-8 bounds |y32| below 2^15 for the conversion.
 struct F32Tables {
-  std::vector<float> gm, gc, gt;
+  std::vector<float> gm, gc, gt, gtc;
 
   bool build(const F64Tables& f64, const int64_t* m, const int64_t* s, const int64_t* amax, int kind, int64_t zs,
              int64_t lo, int64_t hi) {
@@ -120,21 +124,31 @@ struct F32Tables {
     gm.assign(n, 0.0f);
     gc.assign(n, 0.0f);
     gt.assign(n, 0.0f);
-    const double w = static_cast<double>(std::max(std::abs(lo - zs), std::abs(hi - zs)) + 1);
-    bool ok = n > 0 && (kind == kF64Floor || kind == kF64Even);
+    bool ok = n > 0 && n % 64 == 0 && (kind == kF64Floor || kind == kF64Even);
+    const bool fl = kind == kF64Floor;
     for (size_t j = 0; ok && j < n; ++j) {
       const double fm = f64.fm[j], fc = f64.fc[j], a = static_cast<double>(amax[j]);
+      ok = amax[j] >= 0;
+      if (amax[j] == 0) {  // constant: fc is exact (|C| < 2^52), R(fc) exact in float64
+        const double r = fl ? std::floor(fc) : std::nearbyint(fc);
+        const double v = std::clamp(r, static_cast<double>(lo - zs - 1), static_cast<double>(hi - zs + 1)) + zs;
+        gm[j] = 0.0f;
+        gc[j] = static_cast<float>(fl ? v + 0.5 : v);
+        gt[j] = fl ? -1.0f : 1.0f;
+        continue;
+      }
+      const double fz = fc + static_cast<double>(zs);  // exact: |fc| < 2^52 2^-s, zs an integer below 2^15
       gm[j] = static_cast<float>(fm);
-      gc[j] = static_cast<float>(fc);
-      const double c = std::ldexp(fc, static_cast<int>(s[j]));  // the integer C (exact: |C| < 2^52)
+      gc[j] = static_cast<float>(fz);
+      const double c = std::ldexp(fz, static_cast<int>(s[j]));  // the integer C (exact where it matters)
       const double mag = std::fabs(static_cast<double>(m[j])) * a + std::fabs(c);
-      const bool exact = amax[j] >= 0 && amax[j] < (int64_t{1} << 24) && static_cast<double>(gm[j]) == fm &&
-                         static_cast<double>(gc[j]) == fc && mag < 16777216.0;
-      ok = exact || (amax[j] >= 0 && std::ldexp(a * std::fabs(fm) + std::fabs(fc), -22) <= 1.0 / 256);
+      const bool exact = ok && amax[j] < (int64_t{1} << 24) && static_cast<double>(gm[j]) == fm &&
+                         static_cast<double>(gc[j]) == fz && mag < 16777216.0;
+      ok = exact || (ok && std::ldexp(a * std::fabs(fm) + std::fabs(fz), -22) <= 1.0 / 256);
       if (!ok) break;
-      const double e = std::ldexp(w + 1 + std::fabs(fc), -22) * (1 + 1e-9);
+      const double e = std::ldexp(258 + std::fabs(fz), -22) * (1 + 1e-9);
       float t;
-      if (kind == kF64Floor) {
+      if (fl) {
         t = exact ? -1.0f : static_cast<float>(e);
         if (!exact && static_cast<double>(t) < e) t = std::nextafter(t, 1.0f);
       } else {
@@ -147,20 +161,18 @@ struct F32Tables {
       gm.clear();
       gc.clear();
       gt.clear();
+      gtc.clear();
+      return false;
     }
-    return ok;
+    gtc.assign(n / 4, 0.0f);
+    for (size_t g = 0; g < n / 64; ++g)
+      for (size_t l = 0; l < 16; ++l) {
+        const float* t = gt.data() + 64 * g + l;
+        gtc[16 * g + l] = fl ? std::max({t[0], t[16], t[32], t[48]}) : std::min({t[0], t[16], t[32], t[48]});
+      }
+    return true;
   }
 };
-
-// y32 of F32Tables for 16 accumulators (channels j0 ..) and the lanes where its test fails.
-template <int KIND>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512 rq16_f32(
-    __m512i acc, const RqArgs& q, int j0, __mmask16& bad) {
-  const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_loadu_ps(q.gm + j0), _mm512_loadu_ps(q.gc + j0));
-  const __m512 r = _mm512_abs_ps(_mm512_reduce_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  bad = _mm512_cmp_ps_mask(r, _mm512_loadu_ps(q.gt + j0), KIND == kF64Floor ? _CMP_LE_OQ : _CMP_GE_OQ);
-  return y;
-}
 
 template <int KIND>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i cvt_f32(__m512 y) {
@@ -185,6 +197,39 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
                          _mm512_set1_epi8(static_cast<char>(q.hi)));
 }
 
+// clamp(v, lo, hi) of four vectors of int32 values as 64 bytes (pack64_u8's byte order) for 0 <= lo <= hi <=
+// 255: int16 then uint8 saturation (the identity on [0, 255], and each keeps a value beyond it beyond it on
+// the same side), then the clamp to [lo, hi].
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i pack64_u8_clamp(
+    __m512i v0, __m512i v1, __m512i v2, __m512i v3, const RqArgs& q) {
+  const __m512i r = _mm512_packus_epi16(_mm512_packs_epi32(v0, v1), _mm512_packs_epi32(v2, v3));
+  return _mm512_min_epu8(_mm512_max_epu8(r, _mm512_set1_epi8(static_cast<char>(q.lo))),
+                         _mm512_set1_epi8(static_cast<char>(q.hi)));
+}
+
+// F32Tables' shortcut for NV (1, 2 or 4) accumulator vectors c[v] (channels 16 v .. of a 64-channel group)
+// with the group's table vectors gm[v], gc[v] and combined thresholds tc: true and the packed bytes (pack64_u8's
+// order; the vectors beyond NV repeat the first) when every lane passes the test, else false.
+template <int KIND, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline bool f32_try(
+    const __m512i* c, const __m512* gm, const __m512* gc, __m512 tc, const RqArgs& q, __m512i& out) {
+  constexpr int kRed = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  constexpr int kRange = KIND == kF64Floor ? 0xA : 0xB;  // min |.|, resp. max |.|, sign cleared
+  __m512 y[4], r;
+  for (int v = 0; v < NV; ++v) {
+    y[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[v]), gm[v], gc[v]);
+    const __m512 rv = _mm512_reduce_ps(y[v], kRed);
+    r = v == 0 ? _mm512_range_ps(rv, rv, kRange) : _mm512_range_ps(r, rv, kRange);
+  }
+  if (_mm512_cmp_ps_mask(r, tc, KIND == kF64Floor ? _CMP_LE_OQ : _CMP_GE_OQ) != 0) return false;
+  const __m512i v0 = cvt_f32<KIND>(y[0]);
+  const __m512i v1 = NV > 1 ? cvt_f32<KIND>(y[NV > 1 ? 1 : 0]) : v0;
+  const __m512i v2 = NV > 2 ? cvt_f32<KIND>(y[NV > 2 ? 2 : 0]) : v0;
+  const __m512i v3 = NV > 3 ? cvt_f32<KIND>(y[NV > 3 ? 3 : 0]) : v0;
+  out = pack64_u8_clamp(v0, v1, v2, v3, q);
+  return true;
+}
+
 // pack64_u8 of rq16_f64_values of NV (1, 2 or 4) accumulator vectors (the vectors beyond NV repeat the first).
 template <int KIND, int NV>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i pack64_f64(
@@ -196,23 +241,21 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
   return pack64_u8(v0, v1, v2, v3, q);
 }
 
-// The float64 form's rounded values of NV (1, 2 or 4) accumulator vectors (channels 0 .. 16 NV of the panel)
-// packed by pack64_u8 (the vectors beyond NV repeat the first): by F32Tables' float32 shortcut where its test
-// passes for every lane, else by rq16_f64_values. KIND: kF64Floor or kF64Even.
+// The float64 form's bytes of NV (1, 2 or 4) accumulator vectors (channels 0 .. 16 NV of a 64-channel group,
+// pack64_u8's order; the vectors beyond NV repeat the first): by F32Tables' shortcut (f32_try) where the
+// tables exist and its test passes, else by rq16_f64_values. KIND: kF64Floor or kF64Even.
 template <int KIND, int NV>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i rq64_f64(
     __m512i c0, __m512i c1, __m512i c2, __m512i c3, const RqArgs& q) {
   if (q.gm != nullptr) {
-    __mmask16 b0, b1 = 0, b2 = 0, b3 = 0;
-    const __m512 y0 = rq16_f32<KIND>(c0, q, 0, b0);
-    const __m512 y1 = NV > 1 ? rq16_f32<KIND>(c1, q, 16, b1) : y0;
-    const __m512 y2 = NV > 2 ? rq16_f32<KIND>(c2, q, 32, b2) : y0;
-    const __m512 y3 = NV > 3 ? rq16_f32<KIND>(c3, q, 48, b3) : y0;
-    if (__builtin_expect((b0 | b1 | b2 | b3) == 0, 1)) {
-      const __m512i v0 = cvt_f32<KIND>(y0);
-      return pack64_u8(v0, NV > 1 ? cvt_f32<KIND>(y1) : v0, NV > 2 ? cvt_f32<KIND>(y2) : v0,
-                       NV > 3 ? cvt_f32<KIND>(y3) : v0, q);
+    const __m512i c[4] = {c0, c1, c2, c3};
+    __m512 gm[4], gc[4];
+    for (int v = 0; v < NV; ++v) {
+      gm[v] = _mm512_loadu_ps(q.gm + 16 * v);
+      gc[v] = _mm512_loadu_ps(q.gc + 16 * v);
     }
+    __m512i out;
+    if (__builtin_expect(f32_try<KIND, NV>(c, gm, gc, _mm512_loadu_ps(q.gt), q, out), 1)) return out;
   }
   return pack64_f64<KIND, NV>(c0, c1, c2, c3, q);
 }
