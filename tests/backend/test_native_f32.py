@@ -126,3 +126,31 @@ def test_qdwconv_float32_form(kind: str, c: int, stride: int) -> None:
         y = emit_qdwconv(b, "x", w, [stride] * 2, [1] * 4, [1, 1], ZP, _attrs(m, s, bias, mode, 9))
         assert y is not None and [n.op_type for n in b.nodes] == ["QDwConv"]
         _check(_run(b, y, x), acc, m, s, bias, kind, mode)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_qconv_float32_form_with_integer_fallback(wide: bool) -> None:
+    """Where the float64 form does not apply, rows failing the float32 test run the integer form: 31-bit
+    multipliers 2^31 - 1 - d with shift 33 on 160 input channels (|M| max |acc - zw| >= 2^52 for some
+    channel: rq16_32), or multipliers 2^38 + d beyond int32 with shift 40 (rq16); both near ties."""
+    rng = np.random.default_rng(11 + wide)
+    c, o, zp = 160 if not wide else 16, 40, 0
+    x = rng.integers(0, 256, size=(1, 11, 13, c)).astype(np.uint8)
+    wmax = 127 if not wide else 6
+    w = rng.integers(-wmax, wmax + 1, size=(c, o)).astype(np.int8)
+    acc = (x.astype(np.int64) - zp) @ w.astype(np.int64)
+    d = rng.integers(0, 7, o)
+    m, s = (2**31 - 1 - d, np.full(o, 33)) if not wide else (2**38 + d, np.full(o, 40))
+    bias = rng.integers(-200, 200, size=o)
+    a = 255 * np.abs(w.astype(np.int64)).sum(0)
+    assert np.all(a * m / 2.0**s + np.abs(m * bias / 2.0**s) < 2**20 * 0.9)  # F32Tables' bound E <= 1/4
+    assert wide or np.any(m * a >= 2**52)  # no float64 form (wide: multipliers beyond int32)
+    for mode in ROUND_MODES:
+        b = Builder("q")
+        y = emit_qconv(b, "x", w, [1, 1], [1, 1], [0] * 4, [1, 1], zp, _attrs(m, s, bias, mode, c))
+        assert y is not None and [n.op_type for n in b.nodes] == ["QConv"]
+        want = requantize(acc + bias, m, s, mode, zero_point=ZS, lo=LO, hi=HI)
+        yv = m * (acc + bias) / 2.0**s  # a quarter of the lanes within 2^-13 of an integer
+        assert (np.abs(yv - np.rint(yv)) < 2**-13).mean() > 0.2 and ((want > LO) & (want < HI)).any()
+        got = _run(b, y, x)
+        assert np.array_equal(got, want), (wide, mode, int(np.sum(got != want)))

@@ -240,7 +240,8 @@ struct DwVnni {
     vkind = kind;
     if (!m32.empty() && f64.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xm.data(), kind, zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
-    if (vkind == kF64Floor || vkind == kF64Even) f32.build(f64, m.data(), s.data(), xa.data(), vkind, zs, lo, hi);
+    if (vkind == kF64Floor || vkind == kF64Even)
+      f32.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xa.data(), kind, zs, lo, hi);
   }
 
   RqArgs args(int64_t bl, int64_t zs, int64_t lo, int64_t hi) const {

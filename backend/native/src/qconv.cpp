@@ -85,10 +85,11 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void s
   _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, rq64_f64<KIND, NV>(c0, c1, c2, c3, rq)));
 }
 
-// The float64 form of mr <= 6 rows of a tile (row r: the NV 16-lane accumulator vectors at tile + 64 r) by
-// F32Tables' float32 shortcut (rq.gm set), with the tables' vectors loaded once per tile; a row where the
-// shortcut's test fails is computed again in float64. Byte order and store as store_f64.
-template <int KIND, int NV>
+// mr <= 6 rows of a tile (row r: the NV 16-lane accumulator vectors at tile + 64 r) requantized by
+// F32Tables' float32 form (rq.gm set; FK: kF64Floor for floor, kF64Even for round-half-even), the tables'
+// vectors loaded once per tile; a row where its test fails is computed again by the kernel's own form XK
+// (the float64 one, bytes as store_f64, or the integer one, rq16_32 / rq16, M32 as mk_vnni).
+template <int FK, int NV, int XK, bool M32>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void store_tile_f32(
     const int32_t* tile, int mr, const RqArgs& rq, uint8_t* y, int64_t ldy) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -104,8 +105,17 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void s
     for (int v = 0; v < NV; ++v) c[v] = _mm512_load_si512(tile + 16 * v);
     for (int v = NV; v < 4; ++v) c[v] = c[0];
     __m512i out;
-    if (__builtin_expect(!f32_try<KIND, NV>(c, gm, gc, tc, rq, out), 0))
-      out = pack64_f64<KIND, NV>(c[0], c[1], c[2], c[3], rq);
+    if (__builtin_expect(!f32_try<FK, NV>(c, gm, gc, tc, rq, out), 0)) {
+      if constexpr (XK == kF64Floor || XK == kF64Even) {
+        out = pack64_f64<XK, NV>(c[0], c[1], c[2], c[3], rq);
+      } else {
+        for (int v = 0; v < NV; ++v) {
+          if constexpr (M32) rq16_32<XK>(c[v], rq, 16 * v, y);
+          else rq16<XK, false>(c[v], rq, 16 * v, y);
+        }
+        continue;
+      }
+    }
     _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, out));
   }
 }
@@ -164,11 +174,12 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
     const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
     ZN_ROW(0) ZN_ROW(1) ZN_ROW(2) ZN_ROW(3) ZN_ROW(4) ZN_ROW(5)
   }
-  if constexpr (KIND == kF64Floor || KIND == kF64Even) {
+  if constexpr (KIND != kSign) {
     if (rq.gm != nullptr) {
+      constexpr int kFK = KIND == kF64Floor || KIND == kPlain ? kF64Floor : kF64Even;
       alignas(64) int32_t tile[MR * kPanel];
       ZN_TILE(0) ZN_TILE(1) ZN_TILE(2) ZN_TILE(3) ZN_TILE(4) ZN_TILE(5)
-      store_tile_f32<KIND, NV>(tile, MR, rq, y, ldy);
+      store_tile_f32<kFK, NV, KIND, M32>(tile, MR, rq, y, ldy);
       return;
     }
   }
@@ -448,7 +459,9 @@ struct QConvKernel {
         f64.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xm.data(), kind,
                   zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
-    if (vkind == kF64Floor || vkind == kF64Even) f32.build(f64, mult.data(), shift.data(), xa.data(), vkind, zs, lo, hi);
+    if (!wide && isa == 2 && (kind == kPlain || kind == kParity))
+      f32.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xa.data(), kind, zs, lo,
+                hi);
     // rq16_wide32: int32 multipliers and [lo - zs, hi - zs] and zs within int32; K - M zw (+ A for kPlain)
     // in wrapping 64-bit arithmetic (rq16_wide32 forms p modulo 2^64)
     w32 = wide && isa == 2 && !mult32.empty() && lo - zs >= INT32_MIN && hi - zs <= INT32_MAX &&

@@ -96,56 +96,67 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
                             _mm512_cvt_roundpd_epi32(v1, kRound), 1);
 }
 
-// The float32 shortcut of the float64 form, certified per lane. With gm, gc the float32 roundings of fm and
-// fc + zs and A a bound on |acc| (255 sum |w| for uint8 inputs), y32 = fma(float(acc), gm, gc) differs from
-// the exact y = acc fm + fc + zs by at most E = 2^-22 (A |fm| + |fc + zs|) (the conversions of acc, fm and
-// fc + zs and the fma's one rounding, each at most 2^-24 times a term of the bound); the tables are built only
-// where E <= 2^-8. The result is clamp(R(y), lo, hi) (R = floor or round-half-even: R(y - zs) + zs = R(y), zs
-// an integer). Where y32 lies beyond [lo - 1/2, hi + 1/2] (floor: [lo, hi + 1)), y lies beyond it by less
-// than E on the same side, so both give lo, resp. hi, whatever the rounding. Inside, |y| <= 257, so |acc fm|
-// <= 257 + |fc + zs| and the error is at most e = 2^-22 (258 + |fc + zs|). vreduceps gives r = y32 -
-// rint(y32) exactly. floor: when |r| > e no integer lies between y and y32, so floor(y32) = floor(y);
-// round-half-even: when |r| < 1/2 - e no half-integer does, so both round to rint(y32). gt holds the test's
-// threshold per channel (e rounded up for floor, 1/2 - e rounded down for half_even; a lane fails when |r| <=
-// gt, resp. >= gt, whether or not it lies inside); where every value is exact in float32 (|acc| < 2^24, fm
-// and fc + zs exact, |M| A + |C| < 2^24 for y = (M acc + C) 2^-s) the lane never fails (gt = -1, resp. 1):
-// built then whatever E. A channel without weights (A = 0: also the padding of a panel) has the constant
-// result v = clamp(R(fc), lo - zs - 1, hi - zs + 1) + zs, stored as gm = 0, gc = v + 1/2 (floor) or v
-// (half_even), exact, and its r (1/2, resp. 0) passes any test. The test runs on 64 lanes at once: per lane
-// position l of the four 16-lane blocks of a 64-channel group, gtc holds the largest (floor), resp. smallest
-// threshold of the four, compared with the smallest, resp. largest |r| of the block's lanes (vrangeps); a row
-// that fails anywhere is computed again in float64. E <= 2^-8 bounds |y32| below 2^15 for the conversion.
+// The float32 form of the requantization, certified per lane. The result is clamp(R(y), lo, hi) for the exact
+// y = (M (acc - zw) + K + A) 2^-s + zs = acc fm + fz, fm = M 2^-s, fz = C 2^-s with C = K + A - M zw + zs 2^s,
+// R = floor (kPlain: (p + A) >> s), or with C = K - M zw + zs 2^s and R = round-half-even (kParity); zs is
+// an integer, so R(y - zs) + zs = R(y). With gm, gc the float32 roundings of fm, fz (fz through float64: one
+// more relative error of 2^-53) and A a bound on |acc| (255 sum |w| for uint8 inputs), y32 = fma(float(acc),
+// gm, gc) differs from y by at most E = 2^-22 (A |fm| + |fz|) (the conversions of acc, fm and fz and the fma's
+// rounding, each at most 2^-24 (1 + 2^-22) times a term of the bound); the tables are built only where E <=
+// 1/4. Where y32 lies beyond [lo - 1/2, hi + 1/2] (floor: [lo, hi + 1)), y lies beyond [lo - 1/2, hi + 1/2)
+// on the same side (E < 1/2), so both give lo, resp. hi, whatever the rounding. Inside, |y| <= 256, so |acc
+// fm| <= 256 + |fz| and the error is at most e = 2^-22 (258 + |fz|). vreduceps gives r = y32 - rint(y32)
+// exactly. floor: when |r| > e no integer lies between y and y32, so floor(y32) = floor(y); round-half-even:
+// when |r| < 1/2 - e no half-integer does, so both round to rint(y32). gt holds the test's threshold per
+// channel (e rounded up for floor, 1/2 - e rounded down for half_even; a lane fails when |r| <= gt, resp. >=
+// gt, whether or not it lies inside); where every value is exact in float32 (1 <= A, |M| A + |C| < 2^24) the
+// lane never fails (gt = -1, resp. 1): built then whatever E. A channel without weights (A = 0: also the
+// padding of a panel) has the constant result v = clamp(R(C 2^-s), lo - 1, hi + 1), stored as gm = 0, gc =
+// v + 1/2 (floor) or v (half_even), exact, and its r (1/2, resp. 0) passes any test. The test runs on 64
+// lanes at once: per lane position l of the four 16-lane blocks of a 64-channel group, gtc holds the largest
+// (floor), resp. smallest threshold of the four, compared with the smallest, resp. largest |r| of the lanes
+// (vrangeps); a row that fails anywhere is computed again by the integer or float64 form. E <= 1/4 bounds
+// |y32| below 2^21 for the conversion to int32.
 struct F32Tables {
   std::vector<float> gm, gc, gt, gtc;
 
-  bool build(const F64Tables& f64, const int64_t* m, const int64_t* s, const int64_t* amax, int kind, int64_t zs,
-             int64_t lo, int64_t hi) {
-    const size_t n = f64.fm.size();
+  // n channels (a multiple of 64) of RequantU8's one-term rule (multiplier m, constant k, shift s, rounding
+  // addend a, kind kPlain or kParity), weight-sum term zw, |acc| bounds amax; false (tables empty) where
+  // a channel breaks the bound.
+  bool build(size_t n, const int64_t* m, const int64_t* k, const int64_t* s, const int64_t* a, const int32_t* zw,
+             const int64_t* amax, int kind, int64_t zs, int64_t lo, int64_t hi) {
     gm.assign(n, 0.0f);
     gc.assign(n, 0.0f);
     gt.assign(n, 0.0f);
-    bool ok = n > 0 && n % 64 == 0 && (kind == kF64Floor || kind == kF64Even);
-    const bool fl = kind == kF64Floor;
+    bool ok = n > 0 && n % 64 == 0 && (kind == kPlain || kind == kParity) && lo >= 0 && hi <= 255 && lo <= hi;
+    const bool fl = kind == kPlain;
+    const __int128 lim24 = __int128{1} << 24;
     for (size_t j = 0; ok && j < n; ++j) {
-      const double fm = f64.fm[j], fc = f64.fc[j], a = static_cast<double>(amax[j]);
-      ok = amax[j] >= 0;
-      if (amax[j] == 0) {  // constant: fc is exact (|C| < 2^52), R(fc) exact in float64
-        const double r = fl ? std::floor(fc) : std::nearbyint(fc);
-        const double v = std::clamp(r, static_cast<double>(lo - zs - 1), static_cast<double>(hi - zs + 1)) + zs;
+      ok = amax[j] >= 0 && s[j] >= 0 && s[j] <= 62;
+      if (!ok) break;
+      const __int128 p2 = __int128{1} << s[j];
+      const __int128 c = __int128{k[j]} + (fl ? a[j] : 0) - __int128{m[j]} * zw[j] + __int128{zs} * p2;
+      const double scale = std::ldexp(1.0, -static_cast<int>(s[j]));
+      if (amax[j] == 0) {  // constant: R(C 2^-s) in integers
+        __int128 q = c >> s[j];
+        if (!fl && s[j] > 0) {
+          const __int128 rem = c - q * p2, half = p2 / 2;
+          if (rem > half || (rem == half && (q & 1) != 0)) ++q;
+        }
+        const int64_t v = static_cast<int64_t>(std::clamp<__int128>(q, lo - 1, hi + 1));
         gm[j] = 0.0f;
-        gc[j] = static_cast<float>(fl ? v + 0.5 : v);
+        gc[j] = static_cast<float>(fl ? static_cast<double>(v) + 0.5 : static_cast<double>(v));
         gt[j] = fl ? -1.0f : 1.0f;
         continue;
       }
-      const double fz = fc + static_cast<double>(zs);  // exact: |fc| < 2^52 2^-s, zs an integer below 2^15
+      const double fm = static_cast<double>(m[j]) * scale, fz = static_cast<double>(c) * scale;
+      const double aj = static_cast<double>(amax[j]);
+      const __int128 mabs = m[j] < 0 ? -__int128{m[j]} : __int128{m[j]};
+      const bool exact = mabs * amax[j] + (c < 0 ? -c : c) < lim24;
+      ok = exact || std::ldexp(aj * std::fabs(fm) + std::fabs(fz), -22) <= 0.25;
+      if (!ok) break;
       gm[j] = static_cast<float>(fm);
       gc[j] = static_cast<float>(fz);
-      const double c = std::ldexp(fz, static_cast<int>(s[j]));  // the integer C (exact where it matters)
-      const double mag = std::fabs(static_cast<double>(m[j])) * a + std::fabs(c);
-      const bool exact = ok && amax[j] < (int64_t{1} << 24) && static_cast<double>(gm[j]) == fm &&
-                         static_cast<double>(gc[j]) == fz && mag < 16777216.0;
-      ok = exact || (ok && std::ldexp(a * std::fabs(fm) + std::fabs(fz), -22) <= 1.0 / 256);
-      if (!ok) break;
       const double e = std::ldexp(258 + std::fabs(fz), -22) * (1 + 1e-9);
       float t;
       if (fl) {
