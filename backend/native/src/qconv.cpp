@@ -29,6 +29,7 @@ namespace zonnx_native {
 namespace {
 
 constexpr int kMR = 6;      // output positions per micro-tile
+constexpr int kMR2 = 12;    // the same for panels of at most 32 channels (NV <= 2) on AVX-512 VNNI
 constexpr int kLanes = 16;  // output channels per vector block
 constexpr int kNV = 4;      // vector blocks per panel: a panel is 64 output channels
 static_assert(kNV == 4, "mk_vnni names four accumulators per row");
@@ -166,6 +167,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
                                                                               const RqArgs& rq, uint8_t* y,
                                                                               int64_t ldy) {
   ZN_ACC(0) ZN_ACC(1) ZN_ACC(2) ZN_ACC(3) ZN_ACC(4) ZN_ACC(5)
+  ZN_ACC(6) ZN_ACC(7) ZN_ACC(8) ZN_ACC(9) ZN_ACC(10) ZN_ACC(11)
   for (int64_t q = 0; q < kq; ++q) {
     const int8_t* bq = b + q * kPanel * 4;
     const __m512i b0 = _mm512_loadu_si512(bq);
@@ -173,17 +175,20 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
     const __m512i b2 = NV > 2 ? _mm512_loadu_si512(bq + 128) : b0;
     const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
     ZN_ROW(0) ZN_ROW(1) ZN_ROW(2) ZN_ROW(3) ZN_ROW(4) ZN_ROW(5)
+    ZN_ROW(6) ZN_ROW(7) ZN_ROW(8) ZN_ROW(9) ZN_ROW(10) ZN_ROW(11)
   }
   if constexpr (KIND != kSign) {
     if (rq.gm != nullptr) {
       constexpr int kFK = KIND == kF64Floor || KIND == kPlain ? kF64Floor : kF64Even;
       alignas(64) int32_t tile[MR * kPanel];
       ZN_TILE(0) ZN_TILE(1) ZN_TILE(2) ZN_TILE(3) ZN_TILE(4) ZN_TILE(5)
+      ZN_TILE(6) ZN_TILE(7) ZN_TILE(8) ZN_TILE(9) ZN_TILE(10) ZN_TILE(11)
       store_tile_f32<kFK, NV, KIND, M32>(tile, MR, rq, y, ldy);
       return;
     }
   }
   ZN_STORE(0) ZN_STORE(1) ZN_STORE(2) ZN_STORE(3) ZN_STORE(4) ZN_STORE(5)
+  ZN_STORE(6) ZN_STORE(7) ZN_STORE(8) ZN_STORE(9) ZN_STORE(10) ZN_STORE(11)
 }
 #undef ZN_ACC
 #undef ZN_ROW
@@ -259,6 +264,9 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void mk_portable(con
 using VnniFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const RqArgs&, uint8_t*, int64_t);
 template <int KIND, bool M32, int NV>
 VnniFn vnni_for(int mr) {
+  if constexpr (NV <= 2) {
+    if (mr == kMR2) return mk_vnni<kMR2, KIND, M32, NV>;
+  }
   switch (mr) {
     case 1: return mk_vnni<1, KIND, M32, NV>;
     case 2: return mk_vnni<2, KIND, M32, NV>;
@@ -807,12 +815,14 @@ struct QConvKernel {
                         f64.fc.empty() ? nullptr : f64.fc.data() + o0,
                         f32.gm.empty() ? nullptr : f32.gm.data() + o0, f32.gc.empty() ? nullptr : f32.gc.data() + o0,
                         f32.gtc.empty() ? nullptr : f32.gtc.data() + o0 / 4};
-        for (int64_t r = 0; r < rows; r += kMR) {
-          const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
-          if (isa == 2) {
+        for (int64_t r = 0; r < rows;) {
+          if (isa == 2) {  // tiles of kMR2 positions where nv <= 2 and they fill one, else of kMR
+            const int mr = static_cast<int>(nv <= 2 && rows - r >= kMR2 ? kMR2 : std::min<int64_t>(kMR, rows - r));
             vnni_kernel(mr, nv, vkind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
+            r += mr;
             continue;
           }
+          const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           if (isa == 1) gemm_avxvnni(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
           else mk_portable(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
           for (int i = 0; i < mr; ++i) {
@@ -824,6 +834,7 @@ struct QConvKernel {
               rq_row(tile + i * kPanel, zw.data() + o0, yr, nch, mult.data() + o0, cnst.data() + o0,
                      shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
           }
+          r += mr;
         }
         // the block's rows of this panel, still in L1 (not right after each tile's store: a load of bytes a
         // masked store just wrote cannot be forwarded and waits for it)
