@@ -2,7 +2,8 @@
 ``rq_avx512.h``) equals the numpy formula in every rounding mode, for QConv (1x1 rows read in place, a 3x3
 im2col; a full and a half panel, a panel of three 16-lane blocks run as four, one partial block) and QDwConv
 (32 channels, two pixels per block; 144, a partial block; strides 1 and 2), each with one channel of zero
-weights (a constant result, stored in the tables as such). Three multiplier sets, all within
+weights (a constant result, stored in the tables as such), and output zero points 100, 300 (clamp [3, 200])
+and -200 (folded into the tables' constant). Three multiplier sets, all within
 the shortcut's bound so every kernel takes it: ``ties`` (31-bit multipliers 2^30 + d with shifts 31 and 32:
 the values lie within 2^-20 of an integer or a half in a quarter of the lanes, so most rows fail the test
 and run again in float64), ``spread`` (31-bit multipliers for ratios 10^-3.5 .. 10^-2.3: the float32 values
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.exactness
 
 ZP, ZS, LO, HI = 5, 100, 0, 255
 SETS = ["ties", "spread", "pow2"]
+#: output zero point and clamp: the folded zero point beyond [lo, hi] on either side, a narrow clamp
+OUTS = [(ZS, LO, HI), (300, 3, 200), (-200, 0, 255)]
 
 
 def _run(b: Builder, out: str, x: np.ndarray) -> np.ndarray:
@@ -60,25 +63,27 @@ def _within_bound(w_abs_sum: np.ndarray, w_sum: np.ndarray, m, s, bias) -> bool:
     return bool(np.all(m == 1) or np.all(255 * w_abs_sum * fm + np.abs(fc) + 1 < 16000))
 
 
-def _check(got: np.ndarray, acc: np.ndarray, m, s, bias, kind: str, mode: str) -> None:
+def _check(got: np.ndarray, acc: np.ndarray, m, s, bias, kind: str, mode: str, out=OUTS[0]) -> None:
     y = m * (acc + bias) / 2.0**s
     if kind == "ties":  # a quarter of the lanes within 2^-20 of an integer or a half
         near = np.abs(2 * y - np.rint(2 * y)) < 2**-19
         assert near.mean() > 0.2
-    want = requantize(acc + bias, m, s, mode, zero_point=ZS, lo=LO, hi=HI)
-    assert ((want > LO) & (want < HI)).any() and (want == HI).any() and (want == LO).any()
+    zs, lo, hi = out
+    want = requantize(acc + bias, m, s, mode, zero_point=zs, lo=lo, hi=hi)
+    assert ((want > lo) & (want < hi)).any() and ((want == hi) | (want == lo)).any()
     assert got.shape == want.shape and np.array_equal(got, want), (kind, mode, int(np.sum(got != want)))
 
 
-def _attrs(m, s, bias, mode: str, k: int) -> dict:
+def _attrs(m, s, bias, mode: str, k: int, out=OUTS[0]) -> dict:
     term = Term("", m.astype(object), float(k * 255 * 128))
     const = m.astype(object) * bias.astype(object)
-    return native_requant_attrs([term], const, s, mode, ZS, LO, HI, storage_of("uint8"), (-1,), where="t")
+    return native_requant_attrs([term], const, s, mode, *out, storage_of("uint8"), (-1,), where="t")
 
 
+@pytest.mark.parametrize("out", OUTS)
 @pytest.mark.parametrize("kind", SETS)
 @pytest.mark.parametrize(("c", "o", "kernel"), [(16, 96, 1), (16, 112, 1), (32, 24, 1), (5, 70, 3)])
-def test_qconv_float32_form(kind: str, c: int, o: int, kernel: int) -> None:
+def test_qconv_float32_form(kind: str, c: int, o: int, kernel: int, out: tuple[int, int, int]) -> None:
     rng = np.random.default_rng(c * o + kernel)
     x = rng.integers(0, 256, size=(1, 11, 13, c)).astype(np.uint8)
     wmax = 120 if kind != "ties" else 6 * 16 // (kernel * kernel * c)
@@ -95,14 +100,15 @@ def test_qconv_float32_form(kind: str, c: int, o: int, kernel: int) -> None:
     for mode in ROUND_MODES:
         b = Builder("q")
         y = emit_qconv(b, "x", w, [kernel] * 2, [1, 1], [pad] * 4, [1, 1], ZP,
-                       _attrs(m, s, bias, mode, w.shape[0]))  # fmt: skip
+                       _attrs(m, s, bias, mode, w.shape[0], out))  # fmt: skip
         assert y is not None and [n.op_type for n in b.nodes] == ["QConv"]
-        _check(_run(b, y, x), acc, m, s, bias, kind, mode)
+        _check(_run(b, y, x), acc, m, s, bias, kind, mode, out)
 
 
+@pytest.mark.parametrize("out", OUTS)
 @pytest.mark.parametrize("kind", SETS)
 @pytest.mark.parametrize(("c", "stride"), [(32, 1), (32, 2), (144, 1), (144, 2)])
-def test_qdwconv_float32_form(kind: str, c: int, stride: int) -> None:
+def test_qdwconv_float32_form(kind: str, c: int, stride: int, out: tuple[int, int, int]) -> None:
     rng = np.random.default_rng(c + stride)
     wmax = 12 if kind == "ties" else 127
     w = rng.integers(-wmax, wmax + 1, size=(c, 1, 3, 3))
@@ -123,9 +129,9 @@ def test_qdwconv_float32_form(kind: str, c: int, stride: int) -> None:
     assert _within_bound(np.abs(wf).sum(1), wf.sum(1), m, s, bias)
     for mode in ROUND_MODES:
         b = Builder("q")
-        y = emit_qdwconv(b, "x", w, [stride] * 2, [1] * 4, [1, 1], ZP, _attrs(m, s, bias, mode, 9))
+        y = emit_qdwconv(b, "x", w, [stride] * 2, [1] * 4, [1, 1], ZP, _attrs(m, s, bias, mode, 9, out))
         assert y is not None and [n.op_type for n in b.nodes] == ["QDwConv"]
-        _check(_run(b, y, x), acc, m, s, bias, kind, mode)
+        _check(_run(b, y, x), acc, m, s, bias, kind, mode, out)
 
 
 @pytest.mark.parametrize("wide", [False, True])
