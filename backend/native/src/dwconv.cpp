@@ -182,12 +182,14 @@ struct DwVnni {
   std::vector<int64_t> m, k, s, a, b, ke, ko, se, so, ae, ao, be, bo;
   std::vector<uint8_t> zrow;  // zp bytes: the taps outside the input read it
   std::vector<int64_t> xm;    // per lane: max |acc - zw| = zp-centred input range x sum |w|
+  std::vector<int64_t> xa;    // per lane: max |acc| = 255 sum |w| (F32Tables)
   F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
+  F32Tables f32;              // its certified float32 shortcut where the error bound is small (rq_avx512.h)
   int vkind = kPlain;         // the rounding kind of dw_vnni_pixel: kind, or kF64Floor / kF64Even
 
   DwVnni(const DwCore& core, const std::vector<int64_t>& mult, const std::vector<int64_t>& cnst,
          const std::vector<int64_t>& shift, const std::vector<int64_t>& addend, const std::vector<int64_t>& bmask,
-         int kind, int64_t zs) {
+         int kind, int64_t zs, int64_t lo, int64_t hi) {
     const int64_t c = core.channels;
     pair = c == 32;
     taps = core.kh * core.kw;
@@ -198,6 +200,7 @@ struct DwVnni {
     for (auto* v : {&m, &k, &s, &a, &b}) v->assign(padded, 0);
     zw.assign(padded, 0);
     xm.assign(padded, 0);
+    xa.assign(padded, 0);
     for (int64_t bl = 0; bl < blocks; ++bl)
       for (int64_t q = 0; q < 4; ++q)
         for (int64_t l = 0; l < 16; ++l) {
@@ -213,6 +216,7 @@ struct DwVnni {
           }
           zw[at] = static_cast<int32_t>(core.zp * sw);
           xm[at] = mag * std::max<int64_t>(core.zp, 255 - core.zp);
+          xa[at] = mag * 255;
           m[at] = mult[static_cast<size_t>(ch)];
           k[at] = cnst[static_cast<size_t>(ch)];
           s[at] = shift[static_cast<size_t>(ch)];
@@ -236,6 +240,8 @@ struct DwVnni {
     vkind = kind;
     if (!m32.empty() && f64.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xm.data(), kind, zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
+    if (vkind == kF64Floor || vkind == kF64Even)
+      f32.build(padded, m.data(), k.data(), s.data(), a.data(), zw.data(), xa.data(), kind, zs, lo, hi);
   }
 
   RqArgs args(int64_t bl, int64_t zs, int64_t lo, int64_t hi) const {
@@ -243,7 +249,9 @@ struct DwVnni {
     return RqArgs{zw.data() + o, m.data() + o, k.data() + o, s.data() + o, a.data() + o, b.data() + o,
                   zs, lo, hi, 64, m32.empty() ? nullptr : m32.data() + o, ke.data() + h, ko.data() + h,
                   se.data() + h, so.data() + h, ae.data() + h, ao.data() + h, be.data() + h, bo.data() + h,
-                  f64.fm.empty() ? nullptr : f64.fm.data() + o, f64.fc.empty() ? nullptr : f64.fc.data() + o};
+                  f64.fm.empty() ? nullptr : f64.fm.data() + o, f64.fc.empty() ? nullptr : f64.fc.data() + o,
+                  f32.gm.empty() ? nullptr : f32.gm.data() + o, f32.gc.empty() ? nullptr : f32.gc.data() + o,
+                  f32.gtc.empty() ? nullptr : f32.gtc.data() + o / 4};
   }
 };
 
@@ -291,8 +299,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_pix
     if constexpr (KIND == kF64Floor || KIND == kF64Even) {
       // pack64_u8 puts the values 4 L .. 4 L + 3 of q0, q1, q2, q3 in 128-bit lane L: channels 16 L + 4 q + e
       // in q, e order, which is channel order
-      const __m512i out = pack64_u8(rq16_f64_values<KIND>(q0, rq, 0), rq16_f64_values<KIND>(q1, rq, 16),
-                                    rq16_f64_values<KIND>(q2, rq, 32), rq16_f64_values<KIND>(q3, rq, 48), rq);
+      const __m512i out = rq64_f64<KIND, 4>(q0, q1, q2, q3, rq);
       _mm512_mask_storeu_epi8(y + c0, mask, out);
       continue;
     }
@@ -378,8 +385,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void dw_vnni_run
         acc[2] = _mm512_dpbusd_epi32(acc[2], _mm512_unpacklo_epi16(ab1, cd1), w[g][2]);
         acc[3] = _mm512_dpbusd_epi32(acc[3], _mm512_unpackhi_epi16(ab1, cd1), w[g][3]);
       }
-      const __m512i out = pack64_u8(rq16_f64_values<KIND>(acc[0], rq, 0), rq16_f64_values<KIND>(acc[1], rq, 16),
-                                    rq16_f64_values<KIND>(acc[2], rq, 32), rq16_f64_values<KIND>(acc[3], rq, 48), rq);
+      const __m512i out = rq64_f64<KIND, 4>(acc[0], acc[1], acc[2], acc[3], rq);
       _mm512_mask_storeu_epi8(yo, mask, out);
     }
   }
@@ -431,7 +437,7 @@ struct QDwConvKernel {
       bmask.push_back(rp.bmask);
     }
     if (qconv_isa() == 2) {
-      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind, zs);
+      vnni = std::make_unique<DwVnni>(core, mult, cnst, shift, addend, bmask, kind, zs, lo, hi);
       pixel = dw_vnni_for(vnni->vkind, !vnni->m32.empty(), kOne);
       if (vnni->pair) pair = dw_vnni_for(vnni->vkind, !vnni->m32.empty(), core.sw == 1 ? kPairRun : kPairSplit);
       if (vnni->quads <= 3) {

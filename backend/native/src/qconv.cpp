@@ -29,6 +29,7 @@ namespace zonnx_native {
 namespace {
 
 constexpr int kMR = 6;      // output positions per micro-tile
+constexpr int kMR2 = 12;    // the same for panels of at most 32 channels (NV <= 2) on AVX-512 VNNI
 constexpr int kLanes = 16;  // output channels per vector block
 constexpr int kNV = 4;      // vector blocks per panel: a panel is 64 output channels
 static_assert(kNV == 4, "mk_vnni names four accumulators per row");
@@ -82,11 +83,42 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void s
     __m512i c0, __m512i c1, __m512i c2, __m512i c3, const RqArgs& rq, uint8_t* y) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __mmask64 mask = rq.nch >= 64 ? ~__mmask64(0) : ((__mmask64(1) << rq.nch) - 1);
-  const __m512i v0 = rq16_f64_values<KIND>(c0, rq, 0);
-  const __m512i v1 = NV > 1 ? rq16_f64_values<KIND>(c1, rq, 16) : v0;
-  const __m512i v2 = NV > 2 ? rq16_f64_values<KIND>(c2, rq, 32) : v0;
-  const __m512i v3 = NV > 3 ? rq16_f64_values<KIND>(c3, rq, 48) : v0;
-  _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, pack64_u8(v0, v1, v2, v3, rq)));
+  _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, rq64_f64<KIND, NV>(c0, c1, c2, c3, rq)));
+}
+
+// mr <= 6 rows of a tile (row r: the NV 16-lane accumulator vectors at tile + 64 r) requantized by
+// F32Tables' float32 form (rq.gm set; FK: kF64Floor for floor, kF64Even for round-half-even), the tables'
+// vectors loaded once per tile; a row where its test fails is computed again by the kernel's own form XK
+// (the float64 one, bytes as store_f64, or the integer one, rq16_32 / rq16, M32 as mk_vnni).
+template <int FK, int NV, int XK, bool M32>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void store_tile_f32(
+    const int32_t* tile, int mr, const RqArgs& rq, uint8_t* y, int64_t ldy) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __mmask64 mask = rq.nch >= 64 ? ~__mmask64(0) : ((__mmask64(1) << rq.nch) - 1);
+  __m512 gm[4], gc[4];
+  for (int v = 0; v < NV; ++v) {
+    gm[v] = _mm512_loadu_ps(rq.gm + 16 * v);
+    gc[v] = _mm512_loadu_ps(rq.gc + 16 * v);
+  }
+  const __m512 tc = _mm512_loadu_ps(rq.gt);
+  for (int r = 0; r < mr; ++r, tile += kPanel, y += ldy) {
+    __m512i c[4];
+    for (int v = 0; v < NV; ++v) c[v] = _mm512_load_si512(tile + 16 * v);
+    for (int v = NV; v < 4; ++v) c[v] = c[0];
+    __m512i out;
+    if (__builtin_expect(!f32_try<FK, NV>(c, gm, gc, tc, rq, out), 0)) {
+      if constexpr (XK == kF64Floor || XK == kF64Even) {
+        out = pack64_f64<XK, NV>(c[0], c[1], c[2], c[3], rq);
+      } else {
+        for (int v = 0; v < NV; ++v) {
+          if constexpr (M32) rq16_32<XK>(c[v], rq, 16 * v, y);
+          else rq16<XK, false>(c[v], rq, 16 * v, y);
+        }
+        continue;
+      }
+    }
+    _mm512_mask_storeu_epi8(y, mask, _mm512_permutexvar_epi32(order, out));
+  }
 }
 
 // Accumulators are named variables (GCC keeps them in registers; an array of vectors it spills).
@@ -100,6 +132,13 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void s
     if constexpr (NV > 1) c##r##1 = _mm512_dpbusd_epi32(c##r##1, av, b1);          \
     if constexpr (NV > 2) c##r##2 = _mm512_dpbusd_epi32(c##r##2, av, b2);          \
     if constexpr (NV > 3) c##r##3 = _mm512_dpbusd_epi32(c##r##3, av, b3);          \
+  }
+#define ZN_TILE(r)                                                                 \
+  if constexpr (MR > r) {                                                          \
+    _mm512_store_si512(tile + r * kPanel, c##r##0);                                \
+    if constexpr (NV > 1) _mm512_store_si512(tile + r * kPanel + 16, c##r##1);     \
+    if constexpr (NV > 2) _mm512_store_si512(tile + r * kPanel + 32, c##r##2);     \
+    if constexpr (NV > 3) _mm512_store_si512(tile + r * kPanel + 48, c##r##3);     \
   }
 #define ZN_STORE(r)                                                                \
   if constexpr (MR > r) {                                                          \
@@ -128,6 +167,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
                                                                               const RqArgs& rq, uint8_t* y,
                                                                               int64_t ldy) {
   ZN_ACC(0) ZN_ACC(1) ZN_ACC(2) ZN_ACC(3) ZN_ACC(4) ZN_ACC(5)
+  ZN_ACC(6) ZN_ACC(7) ZN_ACC(8) ZN_ACC(9) ZN_ACC(10) ZN_ACC(11)
   for (int64_t q = 0; q < kq; ++q) {
     const int8_t* bq = b + q * kPanel * 4;
     const __m512i b0 = _mm512_loadu_si512(bq);
@@ -135,11 +175,24 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) void mk_vnni(con
     const __m512i b2 = NV > 2 ? _mm512_loadu_si512(bq + 128) : b0;
     const __m512i b3 = NV > 3 ? _mm512_loadu_si512(bq + 192) : b0;
     ZN_ROW(0) ZN_ROW(1) ZN_ROW(2) ZN_ROW(3) ZN_ROW(4) ZN_ROW(5)
+    ZN_ROW(6) ZN_ROW(7) ZN_ROW(8) ZN_ROW(9) ZN_ROW(10) ZN_ROW(11)
+  }
+  if constexpr (KIND != kSign) {
+    if (rq.gm != nullptr) {
+      constexpr int kFK = KIND == kF64Floor || KIND == kPlain ? kF64Floor : kF64Even;
+      alignas(64) int32_t tile[MR * kPanel];
+      ZN_TILE(0) ZN_TILE(1) ZN_TILE(2) ZN_TILE(3) ZN_TILE(4) ZN_TILE(5)
+      ZN_TILE(6) ZN_TILE(7) ZN_TILE(8) ZN_TILE(9) ZN_TILE(10) ZN_TILE(11)
+      store_tile_f32<kFK, NV, KIND, M32>(tile, MR, rq, y, ldy);
+      return;
+    }
   }
   ZN_STORE(0) ZN_STORE(1) ZN_STORE(2) ZN_STORE(3) ZN_STORE(4) ZN_STORE(5)
+  ZN_STORE(6) ZN_STORE(7) ZN_STORE(8) ZN_STORE(9) ZN_STORE(10) ZN_STORE(11)
 }
 #undef ZN_ACC
 #undef ZN_ROW
+#undef ZN_TILE
 #undef ZN_STORE
 
 // AVX-VNNI (VEX, 256-bit): MR <= 3 positions x one half (32 lanes) of a panel per call, int32 sums to c.
@@ -211,6 +264,9 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void mk_portable(con
 using VnniFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const RqArgs&, uint8_t*, int64_t);
 template <int KIND, bool M32, int NV>
 VnniFn vnni_for(int mr) {
+  if constexpr (NV <= 2) {
+    if (mr == kMR2) return mk_vnni<kMR2, KIND, M32, NV>;
+  }
   switch (mr) {
     case 1: return mk_vnni<1, KIND, M32, NV>;
     case 2: return mk_vnni<2, KIND, M32, NV>;
@@ -336,7 +392,9 @@ struct QConvKernel {
   std::vector<int64_t> zw64;  // the same in int64 (16-bit inputs: xzp up to 65535)
   bool wide;                  // QConv16: int32-stored 16-bit input codes, int32 output codes
   std::vector<int64_t> xm;    // per channel: max |acc - zw| = xzp-centred input range x sum |w|
+  std::vector<int64_t> xa;    // per channel: max |acc| = 255 sum |w| (F32Tables)
   F64Tables f64;              // the float64 requantization where exact (rq_avx512.h)
+  F32Tables f32;              // its certified float32 shortcut where the error bound is small (rq_avx512.h)
   int vkind = kPlain;         // the VNNI path's rounding kind: kind, or kF64Floor / kF64Even
   bool direct16 = false;      // QConv16 by compute16_direct (the weights packed in its segments)
   bool w32 = false;           // QConv16 on AVX-512 with int32 multipliers: rq16_wide32 (kwe, kwo)
@@ -409,6 +467,9 @@ struct QConvKernel {
         f64.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xm.data(), kind,
                   zs))
       vkind = kind == kPlain ? kF64Floor : kF64Even;
+    if (!wide && isa == 2 && (kind == kPlain || kind == kParity))
+      f32.build(zw.size(), mult.data(), cnst.data(), shift.data(), addend.data(), zw.data(), xa.data(), kind, zs, lo,
+                hi);
     // rq16_wide32: int32 multipliers and [lo - zs, hi - zs] and zs within int32; K - M zw (+ A for kPlain)
     // in wrapping 64-bit arithmetic (rq16_wide32 forms p modulo 2^64)
     w32 = wide && isa == 2 && !mult32.empty() && lo - zs >= INT32_MIN && hi - zs <= INT32_MAX &&
@@ -446,6 +507,7 @@ struct QConvKernel {
     zw.assign(static_cast<size_t>(panels * kPanel), 0);
     zw64.assign(static_cast<size_t>(panels * kPanel), 0);
     xm.assign(static_cast<size_t>(panels * kPanel), 0);
+    xa.assign(static_cast<size_t>(panels * kPanel), 0);
     // Weight sums and magnitudes per channel, row by row (rows of w are contiguous; |sum| < k 128 < 2^31).
     std::vector<int32_t> sum(static_cast<size_t>(o), 0), mag(static_cast<size_t>(o), 0);
     for (int64_t kk = 0; kk < kdim; ++kk) {
@@ -478,6 +540,7 @@ struct QConvKernel {
     for (int64_t oc = 0; oc < o; ++oc) {
       const int64_t total = sum[static_cast<size_t>(oc)];
       xm[static_cast<size_t>(oc)] = mag[static_cast<size_t>(oc)] * std::max<int64_t>(xzp, 255 - xzp);
+      xa[static_cast<size_t>(oc)] = int64_t{mag[static_cast<size_t>(oc)]} * 255;
       zw[static_cast<size_t>(oc)] = static_cast<int32_t>(wide ? 0 : xzp * total);
       zw64[static_cast<size_t>(oc)] = xzp * total;
     }
@@ -749,13 +812,17 @@ struct QConvKernel {
                         mult32.empty() ? nullptr : mult32.data() + o0, ke.data() + h0, ko.data() + h0,
                         se.data() + h0, so.data() + h0, ae.data() + h0, ao.data() + h0, be.data() + h0,
                         bo.data() + h0, f64.fm.empty() ? nullptr : f64.fm.data() + o0,
-                        f64.fc.empty() ? nullptr : f64.fc.data() + o0};
-        for (int64_t r = 0; r < rows; r += kMR) {
-          const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
-          if (isa == 2) {
+                        f64.fc.empty() ? nullptr : f64.fc.data() + o0,
+                        f32.gm.empty() ? nullptr : f32.gm.data() + o0, f32.gc.empty() ? nullptr : f32.gc.data() + o0,
+                        f32.gtc.empty() ? nullptr : f32.gtc.data() + o0 / 4};
+        for (int64_t r = 0; r < rows;) {
+          if (isa == 2) {  // tiles of kMR2 positions where nv <= 2 and they fill one, else of kMR
+            const int mr = static_cast<int>(nv <= 2 && rows - r >= kMR2 ? kMR2 : std::min<int64_t>(kMR, rows - r));
             vnni_kernel(mr, nv, vkind, !mult32.empty())(col + r * kp, kp, bp, kp / 4, rq, y + (r0 + r) * o + o0, o);
+            r += mr;
             continue;
           }
+          const int mr = static_cast<int>(std::min<int64_t>(kMR, rows - r));
           if (isa == 1) gemm_avxvnni(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
           else mk_portable(col + r * kp, kp, bp, kp / 4, tile, mr, nv);
           for (int i = 0; i < mr; ++i) {
@@ -767,6 +834,7 @@ struct QConvKernel {
               rq_row(tile + i * kPanel, zw.data() + o0, yr, nch, mult.data() + o0, cnst.data() + o0,
                      shift.data() + o0, addend.data() + o0, bmask.data() + o0, zs, lo, hi, kind);
           }
+          r += mr;
         }
         // the block's rows of this panel, still in L1 (not right after each tile's store: a load of bytes a
         // masked store just wrote cannot be forwarded and waits for it)

@@ -4,7 +4,9 @@
 
 #include "simd.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +35,7 @@ struct RqArgs {
                                        // (ke, ko: K + A, fold_plain, for the kPlain rounding kind)
   const int64_t *ae, *ao, *be, *bo;    // a and b likewise
   const double *fm, *fc;               // rq16_f64 tables (F64Tables), channel order like m32; else null
+  const float *gm, *gc, *gt;           // F32Tables' gm, gc (channel order) and gtc (the group's 16); else null
 };
 
 // Two more values of the KIND template argument (beyond RoundKind): the float64 form of kPlain (floor) and
@@ -93,6 +96,101 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
                             _mm512_cvt_roundpd_epi32(v1, kRound), 1);
 }
 
+// The float32 form of the requantization, certified per lane. The result is clamp(R(y), lo, hi) for the exact
+// y = (M (acc - zw) + K + A) 2^-s + zs = acc fm + fz, fm = M 2^-s, fz = C 2^-s with C = K + A - M zw + zs 2^s,
+// R = floor (kPlain: (p + A) >> s), or with C = K - M zw + zs 2^s and R = round-half-even (kParity); zs is
+// an integer, so R(y - zs) + zs = R(y). With gm, gc the float32 roundings of fm, fz (fz through float64: one
+// more relative error of 2^-53) and A a bound on |acc| (255 sum |w| for uint8 inputs), y32 = fma(float(acc),
+// gm, gc) differs from y by at most E = 2^-22 (A |fm| + |fz|) (the conversions of acc, fm and fz and the fma's
+// rounding, each at most 2^-24 (1 + 2^-22) times a term of the bound); the tables are built only where E <=
+// 1/4. Where y32 lies beyond [lo - 1/2, hi + 1/2] (floor: [lo, hi + 1)), y lies beyond [lo - 1/2, hi + 1/2)
+// on the same side (E < 1/2), so both give lo, resp. hi, whatever the rounding. Inside, |y| <= 256, so |acc
+// fm| <= 256 + |fz| and the error is at most e = 2^-22 (258 + |fz|). vreduceps gives r = y32 - rint(y32)
+// exactly. floor: when |r| > e no integer lies between y and y32, so floor(y32) = floor(y); round-half-even:
+// when |r| < 1/2 - e no half-integer does, so both round to rint(y32). gt holds the test's threshold per
+// channel (e rounded up for floor, 1/2 - e rounded down for half_even; a lane fails when |r| <= gt, resp. >=
+// gt, whether or not it lies inside); where every value is exact in float32 (1 <= A, |M| A + |C| < 2^24) the
+// lane never fails (gt = -1, resp. 1): built then whatever E. A channel without weights (A = 0: also the
+// padding of a panel) has the constant result v = clamp(R(C 2^-s), lo - 1, hi + 1), stored as gm = 0, gc =
+// v + 1/2 (floor) or v (half_even), exact, and its r (1/2, resp. 0) passes any test. The test runs on 64
+// lanes at once: per lane position l of the four 16-lane blocks of a 64-channel group, gtc holds the largest
+// (floor), resp. smallest threshold of the four, compared with the smallest, resp. largest |r| of the lanes
+// (vrangeps); a row that fails anywhere is computed again by the integer or float64 form. E <= 1/4 bounds
+// |y32| below 2^21 for the conversion to int32.
+struct F32Tables {
+  std::vector<float> gm, gc, gt, gtc;
+
+  // n channels (a multiple of 64) of RequantU8's one-term rule (multiplier m, constant k, shift s, rounding
+  // addend a, kind kPlain or kParity), weight-sum term zw, |acc| bounds amax; false (tables empty) where
+  // a channel breaks the bound.
+  bool build(size_t n, const int64_t* m, const int64_t* k, const int64_t* s, const int64_t* a, const int32_t* zw,
+             const int64_t* amax, int kind, int64_t zs, int64_t lo, int64_t hi) {
+    gm.assign(n, 0.0f);
+    gc.assign(n, 0.0f);
+    gt.assign(n, 0.0f);
+    bool ok = n > 0 && n % 64 == 0 && (kind == kPlain || kind == kParity) && lo >= 0 && hi <= 255 && lo <= hi;
+    const bool fl = kind == kPlain;
+    const __int128 lim24 = __int128{1} << 24;
+    for (size_t j = 0; ok && j < n; ++j) {
+      ok = amax[j] >= 0 && s[j] >= 0 && s[j] <= 62;
+      if (!ok) break;
+      const __int128 p2 = __int128{1} << s[j];
+      const __int128 c = __int128{k[j]} + (fl ? a[j] : 0) - __int128{m[j]} * zw[j] + __int128{zs} * p2;
+      const double scale = std::ldexp(1.0, -static_cast<int>(s[j]));
+      if (amax[j] == 0) {  // constant: R(C 2^-s) in integers
+        __int128 q = c >> s[j];
+        if (!fl && s[j] > 0) {
+          const __int128 rem = c - q * p2, half = p2 / 2;
+          if (rem > half || (rem == half && (q & 1) != 0)) ++q;
+        }
+        const int64_t v = static_cast<int64_t>(std::clamp<__int128>(q, lo - 1, hi + 1));
+        gm[j] = 0.0f;
+        gc[j] = static_cast<float>(fl ? static_cast<double>(v) + 0.5 : static_cast<double>(v));
+        gt[j] = fl ? -1.0f : 1.0f;
+        continue;
+      }
+      const double fm = static_cast<double>(m[j]) * scale, fz = static_cast<double>(c) * scale;
+      const double aj = static_cast<double>(amax[j]);
+      const __int128 mabs = m[j] < 0 ? -__int128{m[j]} : __int128{m[j]};
+      const bool exact = mabs * amax[j] + (c < 0 ? -c : c) < lim24;
+      ok = exact || std::ldexp(aj * std::fabs(fm) + std::fabs(fz), -22) <= 0.25;
+      if (!ok) break;
+      gm[j] = static_cast<float>(fm);
+      gc[j] = static_cast<float>(fz);
+      const double e = std::ldexp(258 + std::fabs(fz), -22) * (1 + 1e-9);
+      float t;
+      if (fl) {
+        t = exact ? -1.0f : static_cast<float>(e);
+        if (!exact && static_cast<double>(t) < e) t = std::nextafter(t, 1.0f);
+      } else {
+        t = exact ? 1.0f : static_cast<float>(0.5 - e);
+        if (!exact && static_cast<double>(t) > 0.5 - e) t = std::nextafter(t, 0.0f);
+      }
+      gt[j] = t;
+    }
+    if (!ok) {
+      gm.clear();
+      gc.clear();
+      gt.clear();
+      gtc.clear();
+      return false;
+    }
+    gtc.assign(n / 4, 0.0f);
+    for (size_t g = 0; g < n / 64; ++g)
+      for (size_t l = 0; l < 16; ++l) {
+        const float* t = gt.data() + 64 * g + l;
+        gtc[16 * g + l] = fl ? std::max({t[0], t[16], t[32], t[48]}) : std::min({t[0], t[16], t[32], t[48]});
+      }
+    return true;
+  }
+};
+
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i cvt_f32(__m512 y) {
+  constexpr int kRound = (KIND == kF64Floor ? _MM_FROUND_TO_NEG_INF : _MM_FROUND_TO_NEAREST_INT) | _MM_FROUND_NO_EXC;
+  return _mm512_cvt_roundps_epi32(y, kRound);
+}
+
 // clamp(v + zs, lo, hi) of four vectors of exact int32 values v as 64 bytes, for 0 <= lo <= hi <= 255 and
 // -32512 <= zs <= 32767: packs saturates v to int16, adds_epi16 adds zs with int16 saturation, packus
 // saturates to [0, 255], then the clamp to [lo, hi]. Exact: where v is in int16 range and v + zs too, no
@@ -108,6 +206,69 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
   const __m512i r = _mm512_packus_epi16(a, b);
   return _mm512_min_epu8(_mm512_max_epu8(r, _mm512_set1_epi8(static_cast<char>(q.lo))),
                          _mm512_set1_epi8(static_cast<char>(q.hi)));
+}
+
+// clamp(v, lo, hi) of four vectors of int32 values as 64 bytes (pack64_u8's byte order) for 0 <= lo <= hi <=
+// 255: int16 then uint8 saturation (the identity on [0, 255], and each keeps a value beyond it beyond it on
+// the same side), then the clamp to [lo, hi].
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i pack64_u8_clamp(
+    __m512i v0, __m512i v1, __m512i v2, __m512i v3, const RqArgs& q) {
+  const __m512i r = _mm512_packus_epi16(_mm512_packs_epi32(v0, v1), _mm512_packs_epi32(v2, v3));
+  return _mm512_min_epu8(_mm512_max_epu8(r, _mm512_set1_epi8(static_cast<char>(q.lo))),
+                         _mm512_set1_epi8(static_cast<char>(q.hi)));
+}
+
+// F32Tables' shortcut for NV (1, 2 or 4) accumulator vectors c[v] (channels 16 v .. of a 64-channel group)
+// with the group's table vectors gm[v], gc[v] and combined thresholds tc: true and the packed bytes (pack64_u8's
+// order; the vectors beyond NV repeat the first) when every lane passes the test, else false.
+template <int KIND, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline bool f32_try(
+    const __m512i* c, const __m512* gm, const __m512* gc, __m512 tc, const RqArgs& q, __m512i& out) {
+  constexpr int kRed = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  constexpr int kRange = KIND == kF64Floor ? 0xA : 0xB;  // min |.|, resp. max |.|, sign cleared
+  __m512 y[4], r;
+  for (int v = 0; v < NV; ++v) {
+    y[v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[v]), gm[v], gc[v]);
+    const __m512 rv = _mm512_reduce_ps(y[v], kRed);
+    r = v == 0 ? _mm512_range_ps(rv, rv, kRange) : _mm512_range_ps(r, rv, kRange);
+  }
+  if (_mm512_cmp_ps_mask(r, tc, KIND == kF64Floor ? _CMP_LE_OQ : _CMP_GE_OQ) != 0) return false;
+  const __m512i v0 = cvt_f32<KIND>(y[0]);
+  const __m512i v1 = NV > 1 ? cvt_f32<KIND>(y[NV > 1 ? 1 : 0]) : v0;
+  const __m512i v2 = NV > 2 ? cvt_f32<KIND>(y[NV > 2 ? 2 : 0]) : v0;
+  const __m512i v3 = NV > 3 ? cvt_f32<KIND>(y[NV > 3 ? 3 : 0]) : v0;
+  out = pack64_u8_clamp(v0, v1, v2, v3, q);
+  return true;
+}
+
+// pack64_u8 of rq16_f64_values of NV (1, 2 or 4) accumulator vectors (the vectors beyond NV repeat the first).
+template <int KIND, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i pack64_f64(
+    __m512i c0, __m512i c1, __m512i c2, __m512i c3, const RqArgs& q) {
+  const __m512i v0 = rq16_f64_values<KIND>(c0, q, 0);
+  const __m512i v1 = NV > 1 ? rq16_f64_values<KIND>(c1, q, 16) : v0;
+  const __m512i v2 = NV > 2 ? rq16_f64_values<KIND>(c2, q, 32) : v0;
+  const __m512i v3 = NV > 3 ? rq16_f64_values<KIND>(c3, q, 48) : v0;
+  return pack64_u8(v0, v1, v2, v3, q);
+}
+
+// The float64 form's bytes of NV (1, 2 or 4) accumulator vectors (channels 0 .. 16 NV of a 64-channel group,
+// pack64_u8's order; the vectors beyond NV repeat the first): by F32Tables' shortcut (f32_try) where the
+// tables exist and its test passes, else by rq16_f64_values. KIND: kF64Floor or kF64Even.
+template <int KIND, int NV>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i rq64_f64(
+    __m512i c0, __m512i c1, __m512i c2, __m512i c3, const RqArgs& q) {
+  if (q.gm != nullptr) {
+    const __m512i c[4] = {c0, c1, c2, c3};
+    __m512 gm[4], gc[4];
+    for (int v = 0; v < NV; ++v) {
+      gm[v] = _mm512_loadu_ps(q.gm + 16 * v);
+      gc[v] = _mm512_loadu_ps(q.gc + 16 * v);
+    }
+    __m512i out;
+    if (__builtin_expect(f32_try<KIND, NV>(c, gm, gc, _mm512_loadu_ps(q.gt), q, out), 1)) return out;
+  }
+  return pack64_f64<KIND, NV>(c0, c1, c2, c3, q);
 }
 
 // The tail of the int32-multiplier forms (rq16_32_values, rq16_wide32) on the int64 p of the even lanes (pe)

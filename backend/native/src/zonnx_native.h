@@ -1,7 +1,8 @@
 // zonnx native NPU kernels: shared declarations.
 // Every kernel computes exact integers, so its results do not depend on the CPU's instruction set: integer
 // C++, plus one float64 form of the requantization on AVX-512 (rq_avx512.h) used only where a per-channel
-// bound proves every value it forms exactly representable; the build may add runtime-dispatched clones
+// bound proves every value it forms exactly representable, and a float32 form whose every rounded value is
+// certified by an error bound (else recomputed exactly); the build may add runtime-dispatched clones
 // for wider vector units.
 #pragma once
 
