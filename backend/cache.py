@@ -35,6 +35,7 @@ __all__ = [
     "default_cache_dir",
     "default_key",
     "sha256_bytes",
+    "sha256_soon",
     "target_digest",
     "check_cache_key",
     "untrusted_reason",
@@ -45,6 +46,8 @@ import json
 import logging
 import os
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,23 @@ EXECUTABLE_DATA = "executable.data"
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_soon(data: bytes) -> Callable[[], str]:
+    """Start hashing ``data`` on a thread and return the function that waits for its hex digest.
+
+    hashlib releases the GIL while it hashes a large buffer, so a session's other setup (the native
+    library's check, the target file) runs meanwhile on another core; the digest is the same as
+    ``sha256_bytes(data)``."""
+    digest: list[str] = []
+    worker = threading.Thread(target=lambda: digest.append(sha256_bytes(data)), daemon=True)
+    worker.start()
+
+    def wait() -> str:
+        worker.join()
+        return digest[0] if digest else sha256_bytes(data)  # the thread failed (MemoryError): hash here
+
+    return wait
 
 
 def sha256_file(path: Path) -> str:

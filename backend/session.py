@@ -42,7 +42,6 @@ __all__ = [
 ]
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -60,6 +59,7 @@ from zonnx.backend.cache import (
     ModelCache,
     default_cache_dir,
     default_key,
+    sha256_soon,
     target_digest,
 )
 from zonnx.backend.compile_api import compile_model, not_quantized_message
@@ -183,6 +183,7 @@ class InferenceSession:
         if mode == "auto":
             mode = "ort"
         self.executor = mode
+        source_sha = sha256_soon(data) if compiled is None else None  # the cache key, hashed meanwhile
         self.kernels = choose_kernels(opts.kernels) if mode == "ort" else None
         exe_id = _lowering_id(self.kernels) if mode == "ort" else ""
         if compiled is not None:
@@ -207,7 +208,8 @@ class InferenceSession:
             self._check_coverage(where)
             return
         target = load_target(opts.target)
-        sha = hashlib.sha256(data).hexdigest()
+        assert source_sha is not None
+        sha = source_sha()
         key = opts.cache_key or default_key(sha, target)
         expect = {"source_sha256": sha, "target": target.name, "target_sha256": target_digest(target)}
         meta = {**expect, "min_nodes": opts.min_nodes, "min_macs": opts.min_macs, "shapes": opts.input_shapes}

@@ -110,3 +110,13 @@ def test_default_cache_is_in_the_users_cache_home(monkeypatch: pytest.MonkeyPatc
     assert default_cache_dir() == Path.home() / ".cache" / "zonnx" / "npu"
     monkeypatch.setenv("ZONNX_CACHE_DIR", str(tmp_path / "mine"))
     assert default_cache_dir() == tmp_path / "mine"
+
+
+def test_the_source_digest_hashed_on_a_thread_is_the_sha256_of_the_bytes() -> None:
+    """A session hashes its source on a thread while it checks the native library: same key either way."""
+    from zonnx.backend.cache import sha256_bytes, sha256_soon
+
+    data = np.random.default_rng(0).integers(0, 256, 3_000_000, dtype=np.uint8).tobytes()
+    wait = sha256_soon(data)
+    assert wait() == sha256_bytes(data) == hashlib.sha256(data).hexdigest()
+    assert wait() == sha256_bytes(data)  # waiting again gives the same digest
