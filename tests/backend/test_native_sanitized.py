@@ -29,6 +29,19 @@ from zonnx.zoo.digits import digits_data
 pytestmark = pytest.mark.slow
 
 
+def assert_exact_under_lib(
+    lib: Path, model: onnx.ModelProto, inp: str, codes: np.ndarray, ref: dict[str, np.ndarray]
+) -> None:
+    """``model`` (a program lowered with name ``p``) run by ORT's CPU provider with the library ``lib``
+    registered on input ``inp`` = ``codes``: every output equals the reference tensor of its name."""
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(lib))
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    outs = sess.run(None, {f"p/{inp}": codes})
+    for o, v in zip(sess.get_outputs(), outs, strict=True):
+        assert np.array_equal(v.astype(np.int64), ref[o.name[2:]]), o.name
+
+
 @pytest.mark.parametrize("target", ["bm1684x", "zhouyi-x2"])
 def test_zoo_programs_under_ubsan(digits: dict, target: str) -> None:  # noqa: F811
     lib = build_library(sanitize=True).path
@@ -40,12 +53,7 @@ def test_zoo_programs_under_ubsan(digits: dict, target: str) -> None:  # noqa: F
     inner = [t for t in ref if t != ins[0]]
     model = program_to_model(prog, name="p", expose=inner, native=True)
     assert any(n.domain == "zonnx.native" for n in model.graph.node)
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(str(lib))
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    outs = sess.run(None, {f"p/{ins[0]}": q})
-    for o, v in zip(sess.get_outputs(), outs, strict=True):
-        assert np.array_equal(v.astype(np.int64), ref[o.name[2:]]), o.name
+    assert_exact_under_lib(lib, model, ins[0], q, ref)
 
 
 @pytest.mark.parametrize(
@@ -79,9 +87,4 @@ def test_fused_kernels_under_ubsan(tmp_path: Path, name: str, target: str, act: 
         ops = {n.op_type for n in lowered.graph.node}
         assert ({"QDwConv"} if act is None else {"QConv16", "MaxPoolI32"}) <= ops
         assert fused_qconvs(lowered) == (10 if act is None and expose is not inner else 0)
-        so = ort.SessionOptions()
-        so.register_custom_ops_library(str(lib))
-        sess = ort.InferenceSession(lowered.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        outs = sess.run(None, {f"p/{info.name}": codes})
-        for o, v in zip(sess.get_outputs(), outs, strict=True):
-            assert np.array_equal(v.astype(np.int64), ref[o.name[2:]]), o.name
+        assert_exact_under_lib(lib, lowered, info.name, codes, ref)

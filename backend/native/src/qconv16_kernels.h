@@ -1,5 +1,5 @@
-// The 16-bit micro-kernels of QConv16 (part of qconv.cpp's translation unit: included there, inside its
-// namespaces, after the 8-bit micro-kernels and the panel constants they share; not a header of its own).
+// The 16-bit micro-kernels of QConv16 (part of qconv16.cpp's translation unit: included there, inside its
+// namespaces, after qconv_kernel.h's panel constants; not a header of its own).
 #pragma once
 
 // ---- 16-bit inputs (QConv16): two byte planes, one int64 requantization ---------------------------------
