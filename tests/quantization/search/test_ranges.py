@@ -140,3 +140,25 @@ def test_ranges_that_lower_the_metric_are_dropped(tmp_path: Path) -> None:
     assert scorer.base is plain_base
     same = try_config(scorer, plain_base, plain=trial.plain)  # no worse (equal): kept, base scored once
     assert same.kept and same.plain is trial.plain and same.changed.score == trial.plain.score
+
+
+def test_kept_ranges_are_scored_again_once_bias_correction_joins_them(tmp_path: Path) -> None:
+    """Ranges and bias correction are each tried against the configuration before them; when both are
+    kept, the pair is scored without the ranges, and the ranges stay only if they still help."""
+    src = zoo.get("digits_cnn")
+    kwargs = target_quantize_kwargs(TARGET)
+    kwargs["extra_options"] = {**kwargs["extra_options"], "BiasCorrection": False}  # so the search tries it
+    _, result, config_path = quantize_with_budget(
+        src, tmp_path / "q.onnx", _feeds(16), build_config(**kwargs), budget=0.0, metric="cosine",
+        eval_feeds=_feeds(24, 24), range_search=True, range_groups=8, range_samples=4, max_layers=2,
+    )  # fmt: skip
+    assert result.bias_correction is not None and result.bias_correction.kept
+    recheck = result.ranges_recheck
+    assert recheck is not None  # ranges and bias correction were both kept, so the pair was re-scored
+    assert recheck.kept == (recheck.changed.score >= recheck.plain.score)
+    assert result.baseline is recheck.chosen
+    text = config_path.read_text()
+    if recheck.kept:  # dropped: neither the result nor the config file carries them
+        assert result.ranges is None and "TensorQuantOverrides" not in text
+    else:
+        assert result.ranges is not None and "TensorQuantOverrides" in text

@@ -79,6 +79,7 @@ class BudgetResult:
     ranges: Any = None  # the range search (``ranges.RangeSearch``) run before, if any
     bias_correction: Any = None  # the bias-correction trial (``config_trial.ConfigTrial``), if any
     thresholds: Any = None  # the MSE-thresholds trial (``config_trial.ConfigTrial``), if any
+    ranges_recheck: Any = None  # kept ranges scored again without them once bias correction joined
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate, baseline first: score, layers not int8, NPU MAC share, seconds."""

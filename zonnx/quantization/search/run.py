@@ -12,7 +12,9 @@ help there too); then, as a configuration trial (``config_trial.py``), they stay
 quantized with them scores at least as well on the metric. Kept, the clipped ranges become
 ``TensorQuantOverrides`` of the configuration every candidate and the final model are quantized with,
 and are written to the config file. On an int8-only target this is what the search tries before leaving
-layers float.
+layers float. The ranges are tried before bias correction; when both are kept, the pair is scored again
+without the ranges (``BudgetResult.ranges_recheck``), and they go unless they still score at least as well
+(on PP-OCRv4 rec for bm1684x, ranges that helped alone lowered the corrected model).
 
 Bias correction (``bias_correction="try"``, the default): when the configuration does not already
 correct biases, the search scores it with ``BiasCorrection`` on (empirical, from the calibration
@@ -219,6 +221,13 @@ def quantize_with_budget(
                     config = dataclasses.replace(
                         config, extra=dataclasses.replace(config.extra, bias_correction=True)
                     )
+        recheck = None
+        if ranges is not None and corrected is not None and corrected.kept:
+            recheck = try_config(scorer, _without_ranges(scorer.base, ranges), start)
+            start = recheck.chosen
+            _log_ranges_recheck(recheck, metric)
+            if recheck.kept:
+                config, ranges = _without_ranges(config, ranges), None
         result = search_budget(
             scorer,
             baseline.report,
@@ -240,6 +249,7 @@ def quantize_with_budget(
         )
     result.ranges = ranges
     result.thresholds = thresholds
+    result.ranges_recheck = recheck
     result.bias_correction = corrected
     final_cfg = dataclasses.replace(
         config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
@@ -263,6 +273,35 @@ def _with_ranges(config: QuantConfig, ranges: RangeSearch) -> QuantConfig:
     mine = dict(config.extra.tensor_quant_overrides or {})
     merged = {**ranges.overrides, **mine}
     return dataclasses.replace(config, extra=dataclasses.replace(config.extra, tensor_quant_overrides=merged))
+
+
+def _without_ranges(config: QuantConfig, ranges: RangeSearch) -> QuantConfig:
+    """``config`` without the searched ranges: an override equal to a searched one goes, the user's own
+    TensorQuantOverrides (which won over the searched ones in ``_with_ranges``) stay."""
+    merged = dict(config.extra.tensor_quant_overrides or {})
+    kept = {k: v for k, v in merged.items() if ranges.overrides.get(k) != v}
+    return dataclasses.replace(config, extra=dataclasses.replace(config.extra, tensor_quant_overrides=kept))
+
+
+def _log_ranges_recheck(trial: ConfigTrial, metric: str) -> None:
+    """Say whether the clipped ranges still help once bias correction joined them: the two were tried one
+    after the other, each against the configuration before it, so the pair is scored again without the
+    ranges and the ranges stay only when they still score at least as well."""
+    if trial.kept:
+        logger.warning(
+            "range search: with bias correction the clipped ranges no longer help (%s %.5f without them, "
+            "%.5f with); the calibrated ranges are kept.",
+            metric,
+            trial.changed.score,
+            trial.plain.score,
+        )
+    else:
+        logger.info(
+            "range search: with bias correction the clipped ranges still help (%s %.5f, %.5f without)",
+            metric,
+            trial.plain.score,
+            trial.changed.score,
+        )
 
 
 def _log_ranges_trial(trial: ConfigTrial, metric: str) -> None:
