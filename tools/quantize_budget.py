@@ -87,20 +87,17 @@ def run_budget_search(
             f"{r.plain_noise:.4g} -> {r.noise:.4g} (written to {config_path})",
             markup=False,
         )
-    if result.thresholds is not None:
-        t = result.thresholds
-        console.print(
-            f"MSE thresholds {'chosen over min/max' if t.kept else 'tried, min/max kept'}: {metric} "
-            f"{t.plain.score:.5f} -> {t.changed.score:.5f} on the search samples (written to {config_path})",
-            markup=False,
-        )
-    if result.bias_correction is not None:
-        b = result.bias_correction
-        console.print(
-            f"bias correction {'added' if b.kept else 'tried, not kept'}: {metric} {b.plain.score:.5f} -> "
-            f"{b.changed.score:.5f} on the search samples (written to {config_path})",
-            markup=False,
-        )
+    trials = (
+        ("MSE thresholds", result.thresholds, "chosen over min/max", "tried, min/max kept"),
+        ("bias correction", result.bias_correction, "added", "tried, not kept"),
+    )
+    for what, trial, kept, dropped in trials:
+        if trial is not None:
+            console.print(
+                f"{what} {kept if trial.kept else dropped}: {metric} {trial.plain.score:.5f} -> "
+                f"{trial.changed.score:.5f} on the search samples (written to {config_path})",
+                markup=False,
+            )
     console.print(table)
     console.print(summary(final, time.perf_counter() - start, output))
     verdict = "met" if result.met else "NOT met (kept the best candidate)"
