@@ -138,18 +138,23 @@ def _externalize_model(model: onnx.ModelProto, writer: _DataWriter) -> None:
             writer.externalize(tensor)
 
 
-def split_executable(exe: onnx.ModelProto, location: str) -> tuple[bytes, bytes]:
-    """(light protobuf, data) of a lowered model: its initializers of 1 KiB or more move to ``ALIGN``-aligned
-    offsets of the data, which the light graph names ``location`` (ORT maps them from the file of that name
-    in the folder it is told); ``exe`` is not changed."""
-    light = onnx.ModelProto()
-    light.CopyFrom(exe)
-    light.ir_version = min(light.ir_version, MAX_IR_VERSION)
-    buf = io.BytesIO()
-    writer = _DataWriter(buf, location)
-    for tensor in light.graph.initializer:
+def _externalize_executable(exe: onnx.ModelProto, writer: _DataWriter) -> None:
+    """A lowered model (changed in place) for the pinned ORT: IR version capped, and its initializers of
+    1 KiB or more moved to ``ALIGN``-aligned offsets of the writer's file."""
+    exe.ir_version = min(exe.ir_version, MAX_IR_VERSION)
+    for tensor in exe.graph.initializer:
         if tensor.ByteSize() >= _MIN_EXTERNAL:
             writer.externalize(tensor)
+
+
+def split_executable(exe: onnx.ModelProto, location: str) -> tuple[bytes, bytes]:
+    """(light protobuf, data) of a lowered model (``_externalize_executable``), whose light graph names the
+    data ``location`` (ORT maps it from the file of that name in the folder it is told); ``exe`` is not
+    changed."""
+    light = onnx.ModelProto()
+    light.CopyFrom(exe)
+    buf = io.BytesIO()
+    _externalize_executable(light, _DataWriter(buf, location))
     return light.SerializeToString(), buf.getvalue()
 
 
@@ -186,10 +191,7 @@ def save_compiled(
             writer = _DataWriter(f, data_name)
             _externalize_model(light, writer)
             exe = lowered_model(model, native)
-            exe.ir_version = min(exe.ir_version, MAX_IR_VERSION)
-            for tensor in exe.graph.initializer:
-                if tensor.ByteSize() >= _MIN_EXTERNAL:
-                    writer.externalize(tensor)
+            _externalize_executable(exe, writer)
             exe_bytes = exe.SerializeToString()
             del exe
             offset, length = writer.append(exe_bytes)
