@@ -20,6 +20,8 @@ from collections.abc import Iterable
 import onnx
 from onnx import helper
 
+from zonnx.backend.compiler.params import node_attrs
+
 from .ort_native import NATIVE_DOMAIN
 
 logger = logging.getLogger(__name__)
@@ -50,10 +52,6 @@ def residual_qconv_attrs(requant: dict, conv_term: int, channels: int) -> dict |
     }
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _fused(conv: onnx.NodeProto, add: onnx.NodeProto, uint8: set[str]) -> onnx.NodeProto | None:
     """The QConv computing ``add`` of ``conv``'s output, or None when the rule (module docstring) refuses."""
     if len(add.input) != 2 or add.input[0] == add.input[1] or len(conv.input) != 2:
@@ -62,8 +60,8 @@ def _fused(conv: onnx.NodeProto, add: onnx.NodeProto, uint8: set[str]) -> onnx.N
     skip = add.input[1 - term]
     if skip not in uint8:
         return None
-    conv_attrs = _attrs(conv)
-    extra = residual_qconv_attrs(_attrs(add), term, len(conv_attrs["mult"]))
+    conv_attrs = node_attrs(conv)
+    extra = residual_qconv_attrs(node_attrs(add), term, len(conv_attrs["mult"]))
     if extra is None:
         return None
     return helper.make_node(
