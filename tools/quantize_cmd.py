@@ -314,6 +314,8 @@ def quantize(
         ("--search-bias-correction", search_bias_correction),
         ("--search-thresholds", search_thresholds),
     ):
+        if value not in ("try", "off"):
+            raise OptionError(f"{flag} {value!r}: use try or off.")
         if accuracy_budget is None and value != "try":
             raise OptionError(f"{flag} goes with --accuracy-budget; add it or drop {flag}.")
     cfg_file = load_config_file(config) if config else {}

@@ -206,6 +206,8 @@ def test_bad_search_input_is_one_clear_error(digits: Path, tmp_path: Path) -> No
     assert proc.returncode == 2 and "--search-order go with --accuracy-budget" in proc.stderr
     proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--search-thresholds", "off")
     assert proc.returncode == 2 and "--search-thresholds goes with --accuracy-budget" in proc.stderr
+    proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--search-thresholds", "maybe")
+    assert proc.returncode == 2 and "--search-thresholds 'maybe': use try or off." in proc.stderr
 
 
 def test_targets_offer_int16_where_their_file_says_so() -> None:
