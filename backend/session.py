@@ -41,7 +41,6 @@ __all__ = [
     "summary_line",
 ]
 
-import dataclasses
 import json
 import logging
 import os
@@ -72,6 +71,7 @@ from zonnx.backend.compiled import (
 from zonnx.backend.compiled_store import EXECUTABLE_KEY, lowered_model, lowering_id, stored_executable
 from zonnx.backend.native import NativeStatus, choose_kernels, register_library
 from zonnx.backend.partition import Partition, check_coverage
+from zonnx.backend.partition.report import summary_line
 from zonnx.backend.provider_options import (
     CPU_PROVIDER,
     NPU_PROVIDER,
@@ -79,34 +79,19 @@ from zonnx.backend.provider_options import (
     parse_provider_options,
     provider_table,
 )
+from zonnx.backend.session_io import InvalidInputError, check_feeds, node_args
 from zonnx.backend.session_source import parse_source, read_source
-from zonnx.backend.staged import ORT_TYPES, StagedExecutor, open_executable, ort_cpu_session
+from zonnx.backend.staged import StagedExecutor, open_executable, ort_cpu_session
 from zonnx.backend.targets import load_target
-from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError, did_you_mean
+from zonnx.errors import ModelLoadError, OptionError, UnsupportedModelError, ZonnxError
 from zonnx.ir.io import external_data_locations, load_proto
 
 logger = logging.getLogger(__name__)
 
 
-class InvalidInputError(ZonnxError, ValueError):
-    """A feed has the wrong name, shape or dtype (ORT's INVALID_ARGUMENT, naming the input)."""
-
-
 def _lowering_id(native: NativeStatus | None = None) -> str:
     """Keys cached lowered models (``compiled_store.lowering_id``)."""
     return lowering_id(native)
-
-
-def summary_line(part: Partition) -> str:
-    """'N of M nodes on the NPU (x% of MACs); K on CPU: rule n, ...'."""
-    counts: dict[str, int] = {}
-    for rule in part.rules.values():
-        counts[rule] = counts.get(rule, 0) + 1
-    reasons = ", ".join(f"{r} {n}" for r, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
-    return (
-        f"{part.npu_nodes} of {part.total_nodes} nodes on the NPU ({100 * part.mac_share:.1f}% of MACs) "
-        f"in {part.num_subgraphs} subgraph(s); {len(part.cpu_nodes)} on CPU: {reasons}"
-    )
 
 
 def _quiet(sess_options: ort.SessionOptions | None, options: NpuOptions | None) -> ort.SessionOptions:
@@ -346,27 +331,16 @@ class InferenceSession:
     # -- ORT API ------------------------------------------------------------------------------------
     def get_inputs(self) -> list[Any]:
         if self._stages is not None:
-            return self._io(self.compiled_model.graph.input)
+            return node_args(self.compiled_model.graph.input)
         return self._ort.get_inputs()
 
     def get_outputs(self) -> list[Any]:
         if self._stages is not None:
-            return self._io(self.compiled_model.graph.output)
+            return node_args(self.compiled_model.graph.output)
         return self._ort.get_outputs()
 
     def get_overridable_initializers(self) -> list[Any]:
         return [] if self._stages is not None else self._ort.get_overridable_initializers()
-
-    @staticmethod
-    def _io(values: Any) -> list[Any]:
-        out = []
-        for v in values:
-            t = v.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-            np_type = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
-            name = next(k for k, d in ORT_TYPES.items() if np.dtype(d) == np_type)
-            out.append(_NodeArg(v.name, name, dims))
-        return out
 
     def get_providers(self) -> list[str]:
         return list(self._providers)
@@ -387,42 +361,11 @@ class InferenceSession:
     def end_profiling(self) -> str:
         return self._ort.end_profiling() if self._stages is None and self._ort is not None else ""
 
-    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        inputs = {i.name: i for i in self.get_inputs()}
-        for name in feeds:
-            if name not in inputs:
-                raise InvalidInputError(
-                    f"invalid input name {name!r}.{did_you_mean(name, inputs)} The model's inputs: {', '.join(inputs)}."
-                )
-        out = {}
-        for name, arg in inputs.items():
-            if name not in feeds:
-                raise InvalidInputError(
-                    f"input {name!r} is missing from the feed (expected {arg.type} {arg.shape})."
-                )
-            x = np.asarray(feeds[name])
-            want = np.dtype(ORT_TYPES.get(arg.type, x.dtype))
-            if x.dtype != want:
-                raise InvalidInputError(
-                    f"input {name!r}: unexpected data type, actual: tensor({x.dtype}), expected: {arg.type}; "
-                    f"convert it with .astype(np.{want.name})."
-                )
-            bad = len(x.shape) != len(arg.shape) or any(
-                isinstance(d, int) and d != s for d, s in zip(arg.shape, x.shape, strict=False)
-            )
-            if bad:
-                raise InvalidInputError(
-                    f"input {name!r}: got invalid dimensions {list(x.shape)}, expected {list(arg.shape)} "
-                    "(named dims may take any size); reshape the array."
-                )
-            out[name] = x
-        return out
-
     def run(
         self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
     ) -> list[np.ndarray]:
         """Run the model; ``output_names`` None means every output. Errors name the input."""
-        feeds = self._check_feeds(input_feed)
+        feeds = check_feeds(self.get_inputs(), input_feed)
         names = list(output_names) if output_names else [o.name for o in self.get_outputs()]
         known = {o.name for o in self.get_outputs()}
         for n in names:
@@ -448,12 +391,3 @@ class InferenceSession:
             return self._ort.run_with_ort_values(output_names, input_dict_ort_values, run_options)
         feeds = {k: v.numpy() for k, v in input_dict_ort_values.items()}
         return [ort.OrtValue.ortvalue_from_numpy(a) for a in self.run(output_names, feeds, run_options)]
-
-
-@dataclasses.dataclass(frozen=True)
-class _NodeArg:
-    """``onnxruntime.NodeArg``'s fields for the reference executor."""
-
-    name: str
-    type: str
-    shape: list[Any]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["to_dict", "render_partition", "format_partition", "PARTITION_VERSION"]
+__all__ = ["to_dict", "render_partition", "format_partition", "summary_line", "PARTITION_VERSION"]
 
 import io
 import logging
@@ -61,6 +61,18 @@ def to_dict(partition: Partition) -> dict[str, Any]:
             for name, reason in partition.cpu_nodes.items()
         ],
     }
+
+
+def summary_line(part: Partition) -> str:
+    """'N of M nodes on the NPU (x% of MACs); K on CPU: rule n, ...'."""
+    counts: dict[str, int] = {}
+    for rule in part.rules.values():
+        counts[rule] = counts.get(rule, 0) + 1
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+    return (
+        f"{part.npu_nodes} of {part.total_nodes} nodes on the NPU ({100 * part.mac_share:.1f}% of MACs) "
+        f"in {part.num_subgraphs} subgraph(s); {len(part.cpu_nodes)} on CPU: {reasons}"
+    )
 
 
 def _headline(partition: Partition) -> str:
