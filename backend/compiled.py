@@ -45,6 +45,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from zonnx.backend.compiler.params import node_attrs
 from zonnx.backend.compiler.program import FORMAT_VERSION, Program, ProgramFormatError, TensorInfo
 from zonnx.backend.graph_reads import drop_unused_initializers, node_reads
 from zonnx.backend.partition import Partition, Subgraph, to_dict
@@ -245,13 +246,9 @@ def npu_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.op_type == NPU_OP and n.domain == NPU_DOMAIN]
 
 
-def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def read_program(node: onnx.NodeProto) -> Program:
     """The node's Program, after checking its hash and version; CompiledModelError when corrupt or stale."""
-    a = _attrs(node)
+    a = node_attrs(node)
     blob = a.get("program")
     if isinstance(blob, onnx.TensorProto):  # saved with external data (``compiled_store``), loaded
         if blob.data_location == onnx.TensorProto.EXTERNAL:
