@@ -41,6 +41,7 @@ def run_budget_search(
     range_search: bool = False,
     bias_correction: str = "try",
     thresholds_trial: str = "try",
+    finetune_trial: str = "try",
 ) -> None:
     """Search, print every candidate and ``summary`` of the final model, write the model and its config
     file; exit 1 under ``strict`` when the budget is not met. ``executor`` runs calibration shards and
@@ -64,7 +65,7 @@ def run_budget_search(
         max_layers=search_layers, measure_layers=measure_layers, progress=progress,
         input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share, executor=executor,
         order_by=order_by, range_search=range_search, bias_correction=bias_correction,
-        thresholds_trial=thresholds_trial,
+        thresholds_trial=thresholds_trial, finetune_trial=finetune_trial,
     )  # fmt: skip
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
@@ -98,6 +99,13 @@ def run_budget_search(
                 f"{trial.changed.score:.5f} on the search samples (written to {config_path})",
                 markup=False,
             )
+    ft = result.finetune
+    if ft is not None:
+        console.print(
+            f"fast finetune {'added' if ft.kept else 'tried, not kept'} on the choice: {metric} "
+            f"{ft.plain.score:.5f} -> {ft.changed.score:.5f} on every evaluation sample; {ft.summary}",
+            markup=False,
+        )
     console.print(table)
     console.print(summary(final, time.perf_counter() - start, output))
     verdict = "met" if result.met else "NOT met (kept the best candidate)"

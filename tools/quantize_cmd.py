@@ -239,6 +239,12 @@ def quantize(
         help="With --accuracy-budget and min/max calibration: try (score MSE thresholds and keep them when "
         "they score at least as well, before raising layers) or off.",
     ),
+    search_finetune: str = typer.Option(
+        "try",
+        "--search-finetune",
+        help="With --accuracy-budget: try (when the choice misses the budget, fine-tune it with AdaQuant, at "
+        "most 300 s, and keep that when it scores at least as well) or off.",
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
     input_shape: list[str] = typer.Option(
         None,
@@ -313,6 +319,7 @@ def quantize(
     for flag, value in (
         ("--search-bias-correction", search_bias_correction),
         ("--search-thresholds", search_thresholds),
+        ("--search-finetune", search_finetune),
     ):
         if value not in ("try", "off"):
             raise OptionError(f"{flag} {value!r}: use try or off.")
@@ -411,7 +418,7 @@ def quantize(
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,
                           range_search=range_search, bias_correction=search_bias_correction,
-                          thresholds_trial=search_thresholds)  # fmt: skip
+                          thresholds_trial=search_thresholds, finetune_trial=search_finetune)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()

@@ -51,7 +51,7 @@ import numpy as np
 from zonnx.errors import OptionError
 from zonnx.inspection.macs import node_macs_by_name
 from zonnx.quantization.config import QuantConfig
-from zonnx.quantization.options import KNOWN_KEYS, ExtraOptions
+from zonnx.quantization.options import FAST_FINETUNE_KEYS, KNOWN_KEYS, ExtraOptions, FastFinetuneOptions
 from zonnx.quantization.search.executor import Executor, LocalExecutor
 from zonnx.quantization.search.mac_allowance import within_mac_allowance
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
@@ -80,6 +80,7 @@ class BudgetResult:
     bias_correction: Any = None  # the bias-correction trial (``config_trial.ConfigTrial``), if any
     thresholds: Any = None  # the MSE-thresholds trial (``config_trial.ConfigTrial``), if any
     ranges_recheck: Any = None  # kept ranges scored again without them once bias correction joined
+    finetune: Any = None  # the fast-finetune trial on the choice (``finetune_step.FinetuneTrial``), if any
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate, baseline first: score, layers not int8, NPU MAC share, seconds."""
@@ -87,7 +88,11 @@ class BudgetResult:
         for i, cand in enumerate([self.baseline, *self.candidates]):
             rows.append(
                 {
-                    "candidate": "baseline" if i == 0 else f"#{i}{' (all samples)' if cand.full else ''}",
+                    "candidate": "baseline"
+                    if i == 0
+                    else "choice + fast finetune"
+                    if self.finetune is not None and cand is self.finetune.changed
+                    else f"#{i}{' (all samples)' if cand.full else ''}",
                     "score": cand.score,
                     "not_int8": cand.raised,
                     "npu_mac_share": cand.npu_mac_share,
@@ -312,6 +317,17 @@ def written_extra_options(base: QuantConfig) -> dict[str, Any]:
     return out
 
 
+def written_fast_finetune(base: QuantConfig) -> dict[str, Any]:
+    """The FastFinetune settings of ``base`` that differ from the defaults (Vitis AI's key names)."""
+    defaults = FastFinetuneOptions()
+    out: dict[str, Any] = {}
+    for key, (field, _) in FAST_FINETUNE_KEYS.items():
+        value = getattr(base.extra.fast_finetune, field, None) if field else None
+        if field and value is not None and value != getattr(defaults, field):  # TOML has no null
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 def write_config(path: Path, base: QuantConfig, overrides: Mapping[str, str], note: str) -> Path:
     """The chosen configuration as a TOML config file ``zonnx quantize --config`` reads."""
     lines = [f"# {line}" for line in note.splitlines()]
@@ -328,6 +344,9 @@ def write_config(path: Path, base: QuantConfig, overrides: Mapping[str, str], no
     if extras:  # the user's options and the search's own (BiasCorrection), so a re-run reproduces them
         lines += ["", "[extra_options]"]
         lines += [f"{key} = {_toml_value(value)}" for key, value in extras.items()]
+    if base.extra.include_fast_ft:  # the search's own fast finetune (or the user's): its settings too
+        lines += ["", "[extra_options.FastFinetune]"]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in written_fast_finetune(base).items()]
     tensors = dict(base.extra.tensor_quant_overrides or {})
     if tensors:  # searched ranges (and the user's own): fixed parameters per tensor
         lines += ["", "[extra_options.TensorQuantOverrides]"]

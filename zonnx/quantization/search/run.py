@@ -27,13 +27,25 @@ the search first scores the configuration with MSE thresholds (calibrated once m
 and keeps them when they score at least as well (``threshold_step.py``); kept, the MSE model's report
 and plan order the layers. ``"off"`` skips it.
 
+Fast finetune (``finetune_trial="try"``, the default): when the choice misses the budget and the
+configuration does not fine-tune already, the choice is quantized once more with AdaQuant (at most
+``finetune_seconds`` of tuning) and kept when it scores at least as well on every evaluation sample
+(``finetune_step.py``: why it comes last). ``"off"`` skips it.
+
 Each trial hands its kept configuration's scored candidate on (to the next trial, then to the search as
 its baseline), so no configuration is scored twice.
 """
 
 from __future__ import annotations
 
-__all__ = ["quantize_with_budget", "read_feeds", "ORDERS", "BIAS_CORRECTION", "THRESHOLDS_TRIAL"]
+__all__ = [
+    "quantize_with_budget",
+    "read_feeds",
+    "ORDERS",
+    "BIAS_CORRECTION",
+    "THRESHOLDS_TRIAL",
+    "FINETUNE_TRIAL",
+]
 
 import dataclasses
 import logging
@@ -51,6 +63,7 @@ from zonnx.quantization.search.bias_step import bias_correction_note, try_bias_c
 from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
 from zonnx.quantization.search.config_trial import ConfigTrial, try_config
 from zonnx.quantization.search.executor import Executor
+from zonnx.quantization.search.finetune_step import finetune_config, finetune_note, try_fast_finetune
 from zonnx.quantization.search.measure import measure_groups, measured_order
 from zonnx.quantization.search.ranges import RangeSearch, search_ranges
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
@@ -65,6 +78,8 @@ ORDERS = ("report", "measured")
 BIAS_CORRECTION = ("try", "off")
 #: Whether the search tries MSE thresholds over min/max (``quantize_with_budget(thresholds_trial=)``).
 THRESHOLDS_TRIAL = ("try", "off")
+#: Whether the search tries fast finetune on a choice that misses (``quantize_with_budget(finetune_trial=)``).
+FINETUNE_TRIAL = ("try", "off")
 #: Most samples read into memory from a calibration reader for the search.
 MAX_SEARCH_SAMPLES = 4096
 
@@ -106,6 +121,8 @@ def quantize_with_budget(
     range_samples: int = 8,
     bias_correction: str = "try",
     thresholds_trial: str = "try",
+    finetune_trial: str = "try",
+    finetune_seconds: float = 300.0,
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
@@ -120,7 +137,9 @@ def quantize_with_budget(
     docstring; ``BudgetResult.ranges``); ``bias_correction``: ``"try"`` it before raising layers, or
     ``"off"`` (module docstring; ``BudgetResult.bias_correction``); ``thresholds_trial``: ``"try"`` MSE
     thresholds when activations are calibrated by min/max, or ``"off"`` (``threshold_step.py``;
-    ``BudgetResult.thresholds``). Returns the final ``QuantizeResult``,
+    ``BudgetResult.thresholds``); ``finetune_trial``: ``"try"`` AdaQuant, with at most ``finetune_seconds``
+    of tuning, on a choice that misses the budget, or ``"off"`` (``finetune_step.py``;
+    ``BudgetResult.finetune``). Returns the final ``QuantizeResult``,
     the ``BudgetResult`` (every candidate) and the config path.
     """
     from zonnx.quantization.api import quantize_static
@@ -143,6 +162,10 @@ def quantize_with_budget(
         raise OptionError(f"bias_correction={bias_correction!r}: use one of {', '.join(BIAS_CORRECTION)}.")
     if thresholds_trial not in THRESHOLDS_TRIAL:
         raise OptionError(f"thresholds_trial={thresholds_trial!r}: use one of {', '.join(THRESHOLDS_TRIAL)}.")
+    if finetune_trial not in FINETUNE_TRIAL:
+        raise OptionError(f"finetune_trial={finetune_trial!r}: use one of {', '.join(FINETUNE_TRIAL)}.")
+    if not finetune_seconds > 0:
+        raise OptionError(f"finetune_seconds={finetune_seconds}: give the tuning a positive time bound.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
     if eval_feeds is None:
         calib, held = split_eval(feeds)
@@ -247,22 +270,35 @@ def quantize_with_budget(
             order=order,
             baseline=start,
         )
-    result.ranges = ranges
-    result.thresholds = thresholds
-    result.ranges_recheck = recheck
-    result.bias_correction = corrected
-    final_cfg = dataclasses.replace(
-        config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
-    )
-    final = quantize_static(
-        model_input, out, ListReader(calib), config=final_cfg, calibration_executor=shard_on
-    )
+        result.ranges = ranges
+        result.thresholds = thresholds
+        result.ranges_recheck = recheck
+        result.bias_correction = corrected
+        final_cfg = dataclasses.replace(
+            config, node_overrides={**config.node_overrides, **node_overrides(result.chosen.overrides)}
+        )
+        final = None  # scored inside: a re-scored choice re-quantizes from the statistics here
+        if finetune_trial == "try" and not result.met and not config.extra.include_fast_ft:
+            finetuned, tuned_model = try_fast_finetune(
+                scorer, result.chosen, final_cfg, model_input, out, calib, finetune_seconds, shard_on
+            )
+            result.finetune = finetuned
+            result.candidates.append(finetuned.changed)
+            if finetuned.kept:
+                final, config = tuned_model, finetune_config(config, finetune_seconds)
+                result.chosen = finetuned.changed
+                share_ok = result.chosen.npu_mac_share is None or result.chosen.npu_mac_share >= min_npu_share
+                result.met = result.chosen.score >= result.threshold and share_ok
+    if final is None:  # also writes over a fine-tuned model that was not kept
+        final = quantize_static(
+            model_input, out, ListReader(calib), config=final_cfg, calibration_executor=shard_on
+        )
     note = (
         f"zonnx quantize --accuracy-budget: {metric} {result.chosen.score:.4f} against float "
         f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
         f"on {result.eval_samples if result.chosen.full else len(scorer.feeds)} evaluation samples;\n"
         f"{result.chosen.raised} layer(s) raised to "
-        f"{result.precision}{thresholds_note(thresholds)}{_ranges_note(ranges)}{bias_correction_note(corrected)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
+        f"{result.precision}{thresholds_note(thresholds)}{_ranges_note(ranges)}{bias_correction_note(corrected)}{finetune_note(result.finetune)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
     )
     write_config(config_path, config, result.chosen.overrides, note)
     return final, result, config_path

@@ -103,7 +103,7 @@ class CandidateScorer:
         self.float_model = str(float_model)
         self.metric_spec = metric
         self.input_shapes = dict(input_shapes) if input_shapes else None
-        # algorithms that run the model on samples (bias correction) need them again per candidate
+        # algorithms that run the model on samples (bias correction, fast finetune) need them per candidate
         self.calib_feeds = [dict(f) for f in calib_feeds] if calib_feeds else None
         self.base = dataclasses.replace(
             base,
@@ -133,7 +133,9 @@ class CandidateScorer:
         from zonnx.quantization.calibration.readers import ListReader
 
         reader = (
-            ListReader(self.calib_feeds) if self.calib_feeds and self.base.extra.bias_correction else None
+            ListReader(self.calib_feeds)
+            if self.calib_feeds and (self.base.extra.bias_correction or self.base.extra.include_fast_ft)
+            else None
         )
         return quantize_static(self.float_model, None, reader, config=cfg).model
 

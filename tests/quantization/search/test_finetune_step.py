@@ -1,0 +1,113 @@
+"""The budget search's fast-finetune step on a real trained model quantized for a power-of-two target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import run_cli
+from zonnx import zoo
+from zonnx.build_npu import target_quantize_kwargs
+from zonnx.errors import OptionError
+from zonnx.metrics.evaluate import FloatReference
+from zonnx.quantization.api import build_config
+from zonnx.quantization.search.run import quantize_with_budget
+from zonnx.zoo.digits import digits_data
+
+
+@pytest.fixture(scope="module")
+def digits() -> Path:
+    return zoo.get("digits_cnn")
+
+
+def _feeds(n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
+    x, _ = digits_data("calib")
+    return [{"input": x[i : i + 1]} for i in range(start, start + n)]
+
+
+def _dpu_config():
+    return build_config(**target_quantize_kwargs("dpu-b4096"))
+
+
+def test_a_choice_that_misses_is_fine_tuned_and_written(digits: Path, tmp_path: Path) -> None:
+    """Nothing meets a budget of 0.0001 cosine with one layer to raise: the choice is quantized again with
+    AdaQuant, scored on every evaluation sample, kept because it scores higher, and written; the config file
+    carries the settings."""
+    out = tmp_path / "q.onnx"
+    evals = _feeds(16, 100)
+    final, result, config_path = quantize_with_budget(
+        digits, out, _feeds(32), _dpu_config(), budget=0.0001, metric="cosine", eval_feeds=evals, max_layers=1
+    )
+    trial = result.finetune
+    assert trial is not None and trial.changed.full and "adaquant" in trial.summary
+    assert trial.changed.score > trial.plain.score and trial.kept
+    assert result.chosen is trial.changed
+    assert [r["candidate"] for r in result.table() if r["chosen"]] == ["choice + fast finetune"]
+    assert final.recovery["fast_finetune"].tuned >= 1  # the written model is the fine-tuned one
+    written = FloatReference(str(digits), evals, "cosine", str(digits)).score(onnx.load(out))
+    assert written == pytest.approx(trial.changed.score, abs=1e-12)
+    text = config_path.read_text()
+    assert (
+        "IncludeFastFT = true" in text
+        and 'OptimAlgorithm = "adaquant"' in text
+        and "MaxSeconds = 300.0" in text
+    )
+    assert "fast finetune (AdaQuant) added" in text
+
+
+def test_fast_finetune_off_or_a_met_budget_leaves_the_choice_alone(digits: Path, tmp_path: Path) -> None:
+    kwargs = dict(metric="cosine", eval_feeds=_feeds(16, 100), max_layers=1)
+    _, off, off_config = quantize_with_budget(
+        digits,
+        tmp_path / "off.onnx",
+        _feeds(32),
+        _dpu_config(),
+        budget=0.0001,
+        finetune_trial="off",
+        **kwargs,
+    )
+    assert off.finetune is None and not off.met and "IncludeFastFT" not in off_config.read_text()
+    _, met, _ = quantize_with_budget(
+        digits, tmp_path / "met.onnx", _feeds(32), _dpu_config(), budget=5.0, **kwargs
+    )
+    assert met.met and met.finetune is None
+    for bad, match in (
+        ({"finetune_trial": "maybe"}, "finetune_trial='maybe'"),
+        ({"finetune_seconds": 0}, "positive"),
+    ):
+        with pytest.raises(OptionError, match=match):
+            quantize_with_budget(
+                digits, tmp_path / "x.onnx", _feeds(32), _dpu_config(), budget=0.0001, **kwargs, **bad
+            )
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_the_cli_says_what_fast_finetune_did_its_config_reproduces_it_and_bad_values_are_refused(
+    digits: Path, tmp_path: Path
+) -> None:
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, input=np.concatenate([f["input"] for f in _feeds(32)]))
+    args = ["quantize", str(digits), str(tmp_path / "q.onnx"), "--calib", str(calib), "--target", "dpu-b4096"]
+    evals = tmp_path / "eval.npz"  # evaluation data of its own: the search calibrates on all of --calib
+    np.savez(evals, input=np.concatenate([f["input"] for f in _feeds(16, 100)]))
+    proc = run_cli(*args, "--accuracy-budget", "0.0001", "--search-layers", "1", "--eval", str(evals))
+    assert proc.returncode == 0, proc.stderr
+    assert "fast finetune added on the choice: cosine" in proc.stdout
+    assert "choice + fast finetune" in proc.stdout
+    # the config file reproduces the fine-tuned model without searching (same weights, bit for bit)
+    again = tmp_path / "again.onnx"
+    proc = run_cli(
+        *args[:2], str(again), "--calib", str(calib), "--config", f"{tmp_path / 'q.onnx'}.search.toml"
+    )
+    assert proc.returncode == 0, proc.stderr
+    a, b = onnx.load(tmp_path / "q.onnx"), onnx.load(again)
+    assert [(i.name, i.raw_data) for i in a.graph.initializer] == [
+        (i.name, i.raw_data) for i in b.graph.initializer
+    ]
+    proc = run_cli(*args, "--accuracy-budget", "0.0001", "--search-finetune", "maybe")
+    assert proc.returncode == 2 and "--search-finetune 'maybe': use try or off." in proc.stderr
+    proc = run_cli(*args, "--search-finetune", "off")
+    assert proc.returncode == 2 and "--search-finetune goes with --accuracy-budget" in proc.stderr
