@@ -125,6 +125,7 @@ def test_the_written_config_reproduces_the_choice_without_searching(digits: Path
     assert "held out 8 of the 32 calibration samples" in proc.stderr
     assert "accuracy budget" in proc.stdout and "chosen" in proc.stdout
     assert "MSE thresholds" in proc.stdout  # the trial over min/max, said either way
+    assert "calibrated on 24 of the 32 calibration samples" in Path(f"{searched}.search.toml").read_text()
     again = tmp_path / "again.onnx"
     proc = run_cli(
         "quantize", str(digits), str(again), "--calib", str(calib), "--config", f"{searched}.search.toml"

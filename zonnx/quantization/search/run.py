@@ -299,6 +299,12 @@ def quantize_with_budget(
         f"on {result.eval_samples if result.chosen.full else len(scorer.feeds)} evaluation samples;\n"
         f"{result.chosen.raised} layer(s) raised to "
         f"{result.precision}{thresholds_note(thresholds)}{_ranges_note(ranges)}{bias_correction_note(corrected)}{finetune_note(result.finetune)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
+        + (
+            f"\n(the search calibrated on {len(calib)} of the {len(feeds)} calibration samples, every 4th held out "
+            "for evaluation; a re-run calibrates on every sample it is given, so give it the same ones)"
+            if eval_feeds is None
+            else ""
+        )
     )
     write_config(config_path, config, result.chosen.overrides, note)
     return final, result, config_path
