@@ -75,3 +75,11 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: st
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def digits_feeds(n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
+    """Samples ``start .. start + n`` of the digits CNN's calibration split, one image per feed."""
+    from zonnx.zoo.digits import digits_data
+
+    x, _ = digits_data("calib")
+    return [{"input": x[i : i + 1]} for i in range(start, start + n)]

@@ -10,24 +10,18 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import digits_feeds, run_cli
 from zonnx import zoo
 from zonnx.errors import OptionError
 from zonnx.quantization.api import build_config
 from zonnx.quantization.search.budget import confirm_sizes, search_precision
 from zonnx.quantization.search.executor import LocalExecutor
 from zonnx.quantization.search.run import quantize_with_budget
-from zonnx.zoo.digits import digits_data
 
 
 @pytest.fixture(scope="module")
 def digits() -> Path:
     return zoo.get("digits_cnn")
-
-
-def _feeds(n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
-    x, _ = digits_data("calib")
-    return [{"input": x[i : i + 1]} for i in range(start, start + n)]
 
 
 def _config():
@@ -38,7 +32,7 @@ def test_the_search_raises_the_fewest_layers_that_meet_the_budget(digits: Path, 
     out = tmp_path / "q.onnx"
     # the layer search alone: the bias-correction trial (tested below) would start it within the budget
     final, result, config_path = quantize_with_budget(
-        digits, out, _feeds(32), _config(), budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100),
+        digits, out, digits_feeds(32), _config(), budget=0.002, metric="cosine", eval_feeds=digits_feeds(16, 100),
         bias_correction="off",
     )  # fmt: skip
     assert result.baseline.score < result.threshold <= result.chosen.score
@@ -69,11 +63,11 @@ class CountingExecutor(LocalExecutor):
 
 def test_two_probes_per_round_find_the_same_choice_in_fewer_rounds(digits: Path, tmp_path: Path) -> None:
     kwargs = dict(
-        budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100), max_layers=12, bias_correction="off"
+        budget=0.002, metric="cosine", eval_feeds=digits_feeds(16, 100), max_layers=12, bias_correction="off"
     )
-    one = quantize_with_budget(digits, tmp_path / "w1.onnx", _feeds(32), _config(), **kwargs)[1]
+    one = quantize_with_budget(digits, tmp_path / "w1.onnx", digits_feeds(32), _config(), **kwargs)[1]
     counted = CountingExecutor()
-    two = quantize_with_budget(digits, tmp_path / "w2.onnx", _feeds(32), _config(), executor=counted,
+    two = quantize_with_budget(digits, tmp_path / "w2.onnx", digits_feeds(32), _config(), executor=counted,
                                trials_per_round=2, **kwargs)[1]  # fmt: skip
     assert two.met and two.chosen.raised == one.chosen.raised >= 1
     assert two.chosen.overrides == one.chosen.overrides and two.chosen.score == one.chosen.score
@@ -85,7 +79,7 @@ def test_two_probes_per_round_find_the_same_choice_in_fewer_rounds(digits: Path,
     assert len(two.candidates) > counted.calls  # some round scored two probes
     with pytest.raises(OptionError, match="trials_per_round 0"):
         quantize_with_budget(
-            digits, tmp_path / "w0.onnx", _feeds(32), _config(), trials_per_round=0, **kwargs
+            digits, tmp_path / "w0.onnx", digits_feeds(32), _config(), trials_per_round=0, **kwargs
         )
 
 
@@ -100,14 +94,16 @@ def test_confirm_sizes_grow_by_half_up_to_the_limit() -> None:
 def test_confirmation_on_all_samples_picks_the_same_with_two_probes_per_round(
     digits: Path, tmp_path: Path
 ) -> None:
-    kwargs = dict(budget=0.0, metric="cosine", eval_feeds=_feeds(16, 100), max_layers=12, search_samples=4)
-    probe = quantize_with_budget(digits, tmp_path / "c0.onnx", _feeds(32), _config(), **kwargs)[1]
+    kwargs = dict(
+        budget=0.0, metric="cosine", eval_feeds=digits_feeds(16, 100), max_layers=12, search_samples=4
+    )
+    probe = quantize_with_budget(digits, tmp_path / "c0.onnx", digits_feeds(32), _config(), **kwargs)[1]
     # a threshold midway between the baseline and every layer raised (on the 4 search samples): met by a search
     top = probe.candidates[0].score
     assert top > probe.baseline.score
     kwargs["budget"] = 100 * (probe.float_score - (top + probe.baseline.score) / 2)
-    one = quantize_with_budget(digits, tmp_path / "c1.onnx", _feeds(32), _config(), **kwargs)[1]
-    two = quantize_with_budget(digits, tmp_path / "c2.onnx", _feeds(32), _config(), executor=CountingExecutor(),
+    one = quantize_with_budget(digits, tmp_path / "c1.onnx", digits_feeds(32), _config(), **kwargs)[1]
+    two = quantize_with_budget(digits, tmp_path / "c2.onnx", digits_feeds(32), _config(), executor=CountingExecutor(),
                                trials_per_round=2, **kwargs)[1]  # fmt: skip
     assert one.chosen.full and two.chosen.full  # the choice was confirmed on all 16 samples
     assert two.chosen.raised == one.chosen.raised and two.chosen.score == one.chosen.score
@@ -116,7 +112,7 @@ def test_confirmation_on_all_samples_picks_the_same_with_two_probes_per_round(
 
 def test_the_written_config_reproduces_the_choice_without_searching(digits: Path, tmp_path: Path) -> None:
     calib = tmp_path / "calib.npz"
-    np.savez(calib, input=np.concatenate([f["input"] for f in _feeds(32)]))
+    np.savez(calib, input=np.concatenate([f["input"] for f in digits_feeds(32)]))
     searched = tmp_path / "searched.onnx"
     proc = run_cli(
         "quantize", str(digits), str(searched), "--calib", str(calib), "--accuracy-budget", "0.002"
@@ -140,17 +136,17 @@ def test_a_budget_nothing_meets_keeps_the_best_and_strict_fails(digits: Path, tm
         _, result, _ = quantize_with_budget(
             digits,
             tmp_path / "q.onnx",
-            _feeds(16),
+            digits_feeds(16),
             _config(),
             budget=0.0,
             metric="top1",
-            eval_feeds=_feeds(8, 50),
+            eval_feeds=digits_feeds(8, 50),
         )
     assert not result.met or result.chosen.score >= result.threshold
     if not result.met:
         assert "accuracy budget not met" in caplog.text
     calib = tmp_path / "calib.npz"
-    np.savez(calib, input=np.concatenate([f["input"] for f in _feeds(16)]))
+    np.savez(calib, input=np.concatenate([f["input"] for f in digits_feeds(16)]))
     proc = run_cli(
         "quantize",
         str(digits),
@@ -170,16 +166,20 @@ def test_a_budget_nothing_meets_keeps_the_best_and_strict_fails(digits: Path, tm
 def test_measured_sensitivity_is_cached_and_reused(digits: Path, tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
     kwargs = dict(
-        budget=0.002, metric="cosine", eval_feeds=_feeds(8, 100), measure_layers=2, bias_correction="off"
+        budget=0.002,
+        metric="cosine",
+        eval_feeds=digits_feeds(8, 100),
+        measure_layers=2,
+        bias_correction="off",
     )  # bias correction alone meets this budget: off, so the search measures layers
-    _, first, _ = quantize_with_budget(digits, out, _feeds(16), _config(), **kwargs)
+    _, first, _ = quantize_with_budget(digits, out, digits_feeds(16), _config(), **kwargs)
     cache = tmp_path / "q.onnx.sensitivity.json"
     data = json.loads(cache.read_text())
     assert len(data["layers"]) == 2
     layer = next(iter(data["layers"]))
     data["layers"][layer]["score"] = 0.123456  # a value no evaluation gives: proves the cache is read
     cache.write_text(json.dumps(data))
-    _, second, _ = quantize_with_budget(digits, out, _feeds(16), _config(), **kwargs)
+    _, second, _ = quantize_with_budget(digits, out, digits_feeds(16), _config(), **kwargs)
     assert second.sensitivity[layer].score == 0.123456
     assert set(second.sensitivity) == set(first.sensitivity)
 
@@ -187,16 +187,24 @@ def test_measured_sensitivity_is_cached_and_reused(digits: Path, tmp_path: Path)
 def test_bad_search_input_is_one_clear_error(digits: Path, tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="a number >= 0"):
         quantize_with_budget(
-            digits, tmp_path / "q.onnx", _feeds(8), _config(), budget=-1, eval_feeds=_feeds(2)
+            digits, tmp_path / "q.onnx", digits_feeds(8), _config(), budget=-1, eval_feeds=digits_feeds(2)
         )
     with pytest.raises(OptionError, match="budget below float means nothing"):
         quantize_with_budget(
-            digits, tmp_path / "q.onnx", _feeds(8), _config(), budget=1, metric="sqnr", eval_feeds=_feeds(2)
+            digits,
+            tmp_path / "q.onnx",
+            digits_feeds(8),
+            _config(),
+            budget=1,
+            metric="sqnr",
+            eval_feeds=digits_feeds(2),
         )
     with pytest.raises(OptionError, match="needs at least 4"):
-        quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(3), _config(), budget=1)
+        quantize_with_budget(digits, tmp_path / "q.onnx", digits_feeds(3), _config(), budget=1)
     with pytest.raises(OptionError, match="--min-npu-share 90"):
-        quantize_with_budget(digits, tmp_path / "q.onnx", _feeds(8), _config(), budget=1, min_npu_share=90)
+        quantize_with_budget(
+            digits, tmp_path / "q.onnx", digits_feeds(8), _config(), budget=1, min_npu_share=90
+        )
     proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--calib", "c.npz", "--metric", "top1")
     assert proc.returncode == 2 and "go with --accuracy-budget" in proc.stderr
     proc = run_cli("quantize", str(digits), str(tmp_path / "x.onnx"), "--input-shape", "input:1,1,8,8")
@@ -231,7 +239,9 @@ def test_a_mixed_precision_choice_compiles_for_the_target_and_runs_bit_exact(
 
     out = tmp_path / "z.onnx"
     cfg = build_config(**target_quantize_kwargs("zhouyi-x2"))
-    _, result, _ = quantize_with_budget(digits, out, _feeds(32), cfg, budget=0.001, eval_feeds=_feeds(16, 32))
+    _, result, _ = quantize_with_budget(
+        digits, out, digits_feeds(32), cfg, budget=0.001, eval_feeds=digits_feeds(16, 32)
+    )
     assert result.precision == "int16" and result.chosen.raised >= 1
     assert set(result.chosen.overrides.values()) == {"int16"} and result.chosen.npu_mac_share == 1.0
     compiled = compile_model(out, "zhouyi-x2")
@@ -245,7 +255,7 @@ def test_a_mixed_precision_choice_compiles_for_the_target_and_runs_bit_exact(
     step = float(
         onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == last.input[1]))
     )
-    for feed in _feeds(8, 200):
+    for feed in digits_feeds(8, 200):
         a, b = npu.run(None, feed)[0], fake.run(None, feed)[0]
         # the residual Add runs on the NPU too (zhouyi-x2's eltwise rounding); with int16 logits one output
         # step is finer than the int8 rounding before the Gemm, so the bound is the larger of one step
@@ -292,22 +302,22 @@ def test_a_budget_choice_for_pp_ocr_compiles_with_fixed_shapes_and_the_npu_agree
 def test_bias_correction_is_tried_before_any_layer_is_raised(digits: Path, tmp_path: Path) -> None:
     """The search scores the all-int8 model with and without BiasCorrection and keeps the better; kept,
     it is the search's baseline and the config file carries it, so a re-run reproduces it."""
-    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100))
+    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=digits_feeds(16, 100))
     _, result, config_path = quantize_with_budget(
-        digits, tmp_path / "q.onnx", _feeds(32), _config(), **kwargs
+        digits, tmp_path / "q.onnx", digits_feeds(32), _config(), **kwargs
     )
     trial = result.bias_correction
     assert trial is not None and trial.changed.score > trial.plain.score and trial.kept
     assert result.baseline is trial.chosen is trial.changed  # scored once
     assert "BiasCorrection = true" in config_path.read_text()
     _, off, off_config = quantize_with_budget(
-        digits, tmp_path / "off.onnx", _feeds(32), _config(), bias_correction="off", **kwargs
+        digits, tmp_path / "off.onnx", digits_feeds(32), _config(), bias_correction="off", **kwargs
     )
     assert off.bias_correction is None and off.baseline.score == pytest.approx(trial.plain.score)
     assert "BiasCorrection" not in off_config.read_text()
     with pytest.raises(OptionError, match="bias_correction='maybe'"):
         quantize_with_budget(
-            digits, tmp_path / "x.onnx", _feeds(32), _config(), bias_correction="maybe", **kwargs
+            digits, tmp_path / "x.onnx", digits_feeds(32), _config(), bias_correction="maybe", **kwargs
         )
 
 
@@ -319,11 +329,11 @@ def test_bias_correction_is_not_tried_where_it_cannot_run(digits: Path, tmp_path
     _, result, config_path = quantize_with_budget(
         digits,
         tmp_path / "q.onnx",
-        _feeds(32),
+        digits_feeds(32),
         cfg,
         budget=0.002,
         metric="cosine",
-        eval_feeds=_feeds(16, 100),
+        eval_feeds=digits_feeds(16, 100),
     )
     assert result.bias_correction is None and "BiasCorrection" not in config_path.read_text()
 
@@ -331,11 +341,11 @@ def test_bias_correction_is_not_tried_where_it_cannot_run(digits: Path, tmp_path
 def test_mse_thresholds_are_tried_when_ranges_are_min_max(digits: Path, tmp_path: Path) -> None:
     """One hot pixel in one calibration image stretches the min/max ranges it reaches; the search scores MSE thresholds
     against min/max before raising any layer, keeps the better and writes it to the config file."""
-    calib = _feeds(32)
+    calib = digits_feeds(32)
     hot = calib[5]["input"].copy()
     hot.flat[27] = 500.0  # one hot pixel (the 8x8 images span [0, 1])
     calib[5] = {"input": hot}
-    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=_feeds(16, 100), bias_correction="off")
+    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=digits_feeds(16, 100), bias_correction="off")
     _, result, config_path = quantize_with_budget(digits, tmp_path / "q.onnx", calib, _config(), **kwargs)
     trial = result.thresholds
     assert trial is not None and trial.kept and trial.changed.score > trial.plain.score + 0.01
@@ -360,10 +370,10 @@ def test_mse_thresholds_are_not_tried_over_a_chosen_method(digits: Path, tmp_pat
     _, result, config_path = quantize_with_budget(
         digits,
         tmp_path / "q.onnx",
-        _feeds(32),
+        digits_feeds(32),
         cfg,
         budget=0.002,
         metric="cosine",
-        eval_feeds=_feeds(16, 100),
+        eval_feeds=digits_feeds(16, 100),
     )
     assert result.thresholds is None and 'method = "mse"' in config_path.read_text()

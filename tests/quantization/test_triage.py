@@ -10,14 +10,13 @@ import pytest
 from onnx import numpy_helper
 
 import zonnx
-from tests.helpers import run_cli
+from tests.helpers import digits_feeds, run_cli
 from zonnx import zoo
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.enums import PowerOfTwoMethod, VitisQuantFormat
 from zonnx.quantization.triage import bypass, find_sites, triage
 from zonnx.quantization.triage_remedies import site_values, with_16_bits, with_range
-from zonnx.zoo.digits import digits_data
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +24,8 @@ def digits() -> Path:
     return zoo.get("digits_cnn")
 
 
-def _feeds(n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
-    x, _ = digits_data("calib")
-    return [{"input": x[i : i + 1]} for i in range(start, start + n)]
-
-
 def _quantized(digits: Path) -> onnx.ModelProto:
-    return zonnx.quantize_static(digits, None, ListReader(_feeds(16)), per_channel=True).model
+    return zonnx.quantize_static(digits, None, ListReader(digits_feeds(16)), per_channel=True).model
 
 
 def _break_site(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
@@ -56,7 +50,7 @@ def test_bisection_names_a_broken_quantizer_first(digits: Path) -> None:
     assert len(sites) >= 8 and [s.index for s in sites] == list(range(len(sites)))
     victim = sites[len(sites) // 2].tensor
     broken = _break_site(quant, victim)
-    result = triage(str(digits), broken, _feeds(8, 200), tolerance=0.999)
+    result = triage(str(digits), broken, digits_feeds(8, 200), tolerance=0.999)
     assert result.baseline < 0.999
     assert result.first is not None and result.first.tensor == victim
     assert result.recovered >= 0.999 and result.alone[victim] >= 0.999
@@ -72,7 +66,7 @@ def test_bisection_names_a_broken_quantizer_first(digits: Path) -> None:
 
 def test_remedies_on_a_power_of_two_model_change_only_that_site(digits: Path) -> None:
     quant = zonnx.quantize_static(
-        digits, None, ListReader(_feeds(16)), quant_format=VitisQuantFormat.FixNeuron,
+        digits, None, ListReader(digits_feeds(16)), quant_format=VitisQuantFormat.FixNeuron,
         calibrate_method=PowerOfTwoMethod.MinMSE,
     ).model  # fmt: skip
     site = find_sites(quant)[2]
@@ -91,7 +85,7 @@ def test_remedies_on_a_power_of_two_model_change_only_that_site(digits: Path) ->
     widened = {n.name: n for n in with_16_bits(explicit, site.nodes).graph.node}[site.nodes[0]]
     assert [a.i for a in widened.attribute if a.name == "bit_width"] == [16]
     assert with_16_bits(wide, site.nodes) is None  # already 16 bits: not applicable
-    values = site_values(quant, site.tensor, _feeds(4, 200))
+    values = site_values(quant, site.tensor, digits_feeds(4, 200))
     ranged = with_range(quant, site.nodes, values)
     changed = [
         a.SerializeToString() != b.SerializeToString()
@@ -115,7 +109,7 @@ def test_bypassing_every_site_leaves_no_reader_of_a_rounded_activation(digits: P
 
 
 def test_a_model_that_meets_the_tolerance_has_no_culprit(digits: Path) -> None:
-    result = triage(str(digits), _quantized(digits), _feeds(4, 300), tolerance=0.99)
+    result = triage(str(digits), _quantized(digits), digits_feeds(4, 300), tolerance=0.99)
     assert result.culprits == [] and result.baseline >= 0.99 and result.runs == 1
 
 
@@ -124,7 +118,7 @@ def test_the_cli_reports_the_first_divergent_tensor(digits: Path, tmp_path: Path
     victim = find_sites(quant)[3].tensor
     onnx.save(_break_site(quant, victim), tmp_path / "broken.onnx")
     data = tmp_path / "data.npz"
-    np.savez(data, input=np.concatenate([f["input"] for f in _feeds(8, 200)]))
+    np.savez(data, input=np.concatenate([f["input"] for f in digits_feeds(8, 200)]))
     proc = run_cli(
         "triage", str(digits), str(tmp_path / "broken.onnx"), "--data", str(data), "--tolerance", "0.999"
     )
@@ -135,4 +129,4 @@ def test_the_cli_reports_the_first_divergent_tensor(digits: Path, tmp_path: Path
 
 def test_a_float_model_has_nothing_to_triage(digits: Path) -> None:
     with pytest.raises(OptionError, match="no activation quantizer"):
-        triage(str(digits), onnx.load(digits), _feeds(2))
+        triage(str(digits), onnx.load(digits), digits_feeds(2))

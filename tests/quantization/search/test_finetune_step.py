@@ -2,30 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import digits_feeds, run_cli
 from zonnx import zoo
 from zonnx.build_npu import target_quantize_kwargs
 from zonnx.errors import OptionError
 from zonnx.metrics.evaluate import FloatReference
 from zonnx.quantization.api import build_config
+from zonnx.quantization.enums import QuantFormat
 from zonnx.quantization.search.run import quantize_with_budget
-from zonnx.zoo.digits import digits_data
 
 
 @pytest.fixture(scope="module")
 def digits() -> Path:
     return zoo.get("digits_cnn")
-
-
-def _feeds(n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
-    x, _ = digits_data("calib")
-    return [{"input": x[i : i + 1]} for i in range(start, start + n)]
 
 
 def _dpu_config():
@@ -37,9 +33,16 @@ def test_a_choice_that_misses_is_fine_tuned_and_written(digits: Path, tmp_path: 
     AdaQuant, scored on every evaluation sample, kept because it scores higher, and written; the config file
     carries the settings."""
     out = tmp_path / "q.onnx"
-    evals = _feeds(16, 100)
+    evals = digits_feeds(16, 100)
     final, result, config_path = quantize_with_budget(
-        digits, out, _feeds(32), _dpu_config(), budget=0.0001, metric="cosine", eval_feeds=evals, max_layers=1
+        digits,
+        out,
+        digits_feeds(32),
+        _dpu_config(),
+        budget=0.0001,
+        metric="cosine",
+        eval_feeds=evals,
+        max_layers=1,
     )
     trial = result.finetune
     assert trial is not None and trial.changed.full and "adaquant" in trial.summary
@@ -58,12 +61,14 @@ def test_a_choice_that_misses_is_fine_tuned_and_written(digits: Path, tmp_path: 
     assert "fast finetune (AdaQuant) added" in text
 
 
-def test_fast_finetune_off_or_a_met_budget_leaves_the_choice_alone(digits: Path, tmp_path: Path) -> None:
-    kwargs = dict(metric="cosine", eval_feeds=_feeds(16, 100), max_layers=1)
+def test_fast_finetune_is_skipped_when_off_met_out_of_reach_or_short_of_samples(
+    digits: Path, tmp_path: Path, caplog
+) -> None:
+    kwargs = dict(metric="cosine", eval_feeds=digits_feeds(16, 100), max_layers=1)
     _, off, off_config = quantize_with_budget(
         digits,
         tmp_path / "off.onnx",
-        _feeds(32),
+        digits_feeds(32),
         _dpu_config(),
         budget=0.0001,
         finetune_trial="off",
@@ -71,16 +76,27 @@ def test_fast_finetune_off_or_a_met_budget_leaves_the_choice_alone(digits: Path,
     )
     assert off.finetune is None and not off.met and "IncludeFastFT" not in off_config.read_text()
     _, met, _ = quantize_with_budget(
-        digits, tmp_path / "met.onnx", _feeds(32), _dpu_config(), budget=5.0, **kwargs
+        digits, tmp_path / "met.onnx", digits_feeds(32), _dpu_config(), budget=5.0, **kwargs
     )
     assert met.met and met.finetune is None
+    qop = build_config(quant_format=QuantFormat.QOperator, per_channel=True)
+    _, unreachable, _ = quantize_with_budget(
+        digits, tmp_path / "qop.onnx", digits_feeds(32), qop, budget=0.0001, **kwargs
+    )
+    assert not unreachable.met and unreachable.finetune is None and (tmp_path / "qop.onnx").is_file()
+    with caplog.at_level(logging.WARNING):  # fewer calibration samples than one batch of 4: said, not fatal
+        _, few, _ = quantize_with_budget(
+            digits, tmp_path / "few.onnx", digits_feeds(3), _dpu_config(), budget=0.0001, **kwargs
+        )
+    assert few.finetune is None and (tmp_path / "few.onnx").is_file()
+    assert "fast finetune not tried: fast finetune needs at least 4 calibration sample(s)" in caplog.text
     for bad, match in (
         ({"finetune_trial": "maybe"}, "finetune_trial='maybe'"),
         ({"finetune_seconds": 0}, "positive"),
     ):
         with pytest.raises(OptionError, match=match):
             quantize_with_budget(
-                digits, tmp_path / "x.onnx", _feeds(32), _dpu_config(), budget=0.0001, **kwargs, **bad
+                digits, tmp_path / "x.onnx", digits_feeds(32), _dpu_config(), budget=0.0001, **kwargs, **bad
             )
     assert not (tmp_path / "x.onnx").exists()
 
@@ -89,10 +105,10 @@ def test_the_cli_says_what_fast_finetune_did_its_config_reproduces_it_and_bad_va
     digits: Path, tmp_path: Path
 ) -> None:
     calib = tmp_path / "calib.npz"
-    np.savez(calib, input=np.concatenate([f["input"] for f in _feeds(32)]))
+    np.savez(calib, input=np.concatenate([f["input"] for f in digits_feeds(32)]))
     args = ["quantize", str(digits), str(tmp_path / "q.onnx"), "--calib", str(calib), "--target", "dpu-b4096"]
     evals = tmp_path / "eval.npz"  # evaluation data of its own: the search calibrates on all of --calib
-    np.savez(evals, input=np.concatenate([f["input"] for f in _feeds(16, 100)]))
+    np.savez(evals, input=np.concatenate([f["input"] for f in digits_feeds(16, 100)]))
     proc = run_cli(*args, "--accuracy-budget", "0.0001", "--search-layers", "1", "--eval", str(evals))
     assert proc.returncode == 0, proc.stderr
     assert "fast finetune added on the choice: cosine" in proc.stdout

@@ -10,29 +10,24 @@ import onnx
 import pytest
 
 import zonnx
+from tests.helpers import digits_feeds
 from zonnx import zoo
 from zonnx.quantization.api import build_config
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.search.gated import GatedModel, output_noise
 from zonnx.quantization.search.measure import measure_groups, measured_order, measured_outputs
 from zonnx.verify import ort_session
-from zonnx.zoo.digits import digits_data
-
-
-def _feeds(n: int, start: int = 0) -> list[dict[str, np.ndarray]]:
-    x, _ = digits_data("calib")
-    return [{"input": x[i : i + 1]} for i in range(start, start + n)]
 
 
 @pytest.fixture(scope="module")
 def quantized() -> tuple[Path, zonnx.quantization.api.QuantizeResult]:
     src = zoo.get("digits_cnn")
-    return src, zonnx.quantize_static(src, None, ListReader(_feeds(16)), per_channel=True)
+    return src, zonnx.quantize_static(src, None, ListReader(digits_feeds(16)), per_channel=True)
 
 
 def test_all_gates_on_is_the_quantized_model_and_ratios_rescale_the_grid(quantized) -> None:
     src, result = quantized
-    feeds = _feeds(4, 100)
+    feeds = digits_feeds(4, 100)
     keep = {
         t for pair in result.plan.removed.values() for t in pair
     }  # quantizers that do a removed Relu's job
@@ -55,7 +50,7 @@ def test_all_gates_on_is_the_quantized_model_and_ratios_rescale_the_grid(quantiz
 
 def test_raising_the_measured_top_groups_to_int16_helps_more_than_the_bottom_ones(quantized) -> None:
     src, result = quantized
-    feeds = _feeds(2, 200)
+    feeds = digits_feeds(2, 200)
     sens = measure_groups(
         result.model, result.prepared, result.plan.groups(), result.plan.quantized_nodes, feeds
     )
@@ -70,8 +65,8 @@ def test_raising_the_measured_top_groups_to_int16_helps_more_than_the_bottom_one
         cfg = dataclasses.replace(
             build_config(per_channel=True), node_overrides={n: {"activation_type": "int16"} for n in nodes}
         )
-        model = zonnx.quantize_static(src, None, ListReader(_feeds(16)), config=cfg).model
-        test = _feeds(32, 220)
+        model = zonnx.quantize_static(src, None, ListReader(digits_feeds(16)), config=cfg).model
+        test = digits_feeds(32, 220)
         ref = [list(ort_session(src).run(None, f)) for f in test]
         return output_noise(ref, [list(ort_session(model).run(None, f)) for f in test])
 
@@ -101,7 +96,7 @@ def test_an_unknown_search_order_is_one_clear_error(tmp_path: Path) -> None:
         quantize_with_budget(
             zoo.get("digits_cnn"),
             tmp_path / "q.onnx",
-            _feeds(8),
+            digits_feeds(8),
             build_config(),
             budget=1,
             order_by="noisiest",

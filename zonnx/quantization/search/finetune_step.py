@@ -30,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from zonnx.quantization.calibration.readers import ListReader
+from zonnx.errors import OptionError, first_line
+from zonnx.quantization.calibration.readers import CalibrationError, ListReader
 from zonnx.quantization.config import QuantConfig
+from zonnx.quantization.enums import QuantFormat
 from zonnx.quantization.options import parse_fast_finetune
 from zonnx.quantization.search.scorer import Candidate
 
@@ -49,11 +51,12 @@ class FinetuneTrial:
     changed: Candidate
     summary: str  # the fast finetune's own one-line summary
     seconds: float  # the fine-tuned quantization, tuning included
+    tuned: int  # layers whose new weights were kept
 
     @property
     def kept(self) -> bool:
-        """Fast finetune stays when it scores at least as well (ties keep it)."""
-        return self.changed.score >= self.plain.score
+        """Fast finetune stays when it tuned a layer and scores at least as well (ties keep it)."""
+        return self.tuned > 0 and self.changed.score >= self.plain.score
 
 
 def finetune_config(config: QuantConfig, seconds: float) -> QuantConfig:
@@ -72,30 +75,50 @@ def try_fast_finetune(
     calib: Sequence[dict[str, np.ndarray]],
     seconds: float,
     calibration_executor: Any = None,
-) -> tuple[FinetuneTrial, Any]:
+) -> tuple[FinetuneTrial, Any] | None:
     """Quantize ``final_config`` (the choice's overrides in it) with fast finetune to ``out`` and score it
     against ``chosen`` on every evaluation sample (module docstring). Returns the trial and the fine-tuned
-    ``QuantizeResult``; the caller rewrites ``out`` when the trial is not kept."""
+    ``QuantizeResult`` (the caller rewrites ``out`` when the trial is not kept), or None when it cannot run:
+    a QOperator configuration, whose weights fast finetune cannot reach, or fewer calibration samples than
+    one batch (the reason is logged)."""
     from zonnx.quantization.api import quantize_static
+
+    if final_config.quant_format == QuantFormat.QOperator:
+        logger.info("accuracy search: fast finetune not tried (QOperator models have no weight quantizers)")
+        return None
 
     plain = chosen if chosen.full or not scorer.subset else scorer.score(chosen.overrides, full=True)
     start = time.perf_counter()
-    result = quantize_static(
-        model_input,
-        out,
-        ListReader(list(calib)),
-        config=finetune_config(final_config, seconds),
-        calibration_executor=calibration_executor,
-    )
+    try:
+        result = quantize_static(
+            model_input,
+            out,
+            ListReader(list(calib)),
+            config=finetune_config(final_config, seconds),
+            calibration_executor=calibration_executor,
+        )
+    except (CalibrationError, OptionError) as e:  # e.g. fewer samples than one batch: the choice stands
+        logger.warning("accuracy search: fast finetune not tried: %s", first_line(e))
+        return None
     score = scorer.full.score(result.model)
     changed = Candidate(
         dict(chosen.overrides), score, chosen.npu_mac_share, time.perf_counter() - start, True
     )
     tuned = result.recovery.get("fast_finetune")
-    trial = FinetuneTrial(plain, changed, tuned.summary() if tuned is not None else "", changed.seconds)
+    trial = FinetuneTrial(
+        plain,
+        changed,
+        tuned.summary() if tuned is not None else "fast finetune did not run",
+        changed.seconds,
+        tuned.tuned if tuned is not None else 0,
+    )
     logger.info(
         "accuracy search: fast finetune %s %s %.5f -> %.5f on %d evaluation samples (%s)",
-        "kept:" if trial.kept else "not kept (lower score):",
+        "kept:"
+        if trial.kept
+        else "not kept (no layer tuned):"
+        if not trial.tuned
+        else "not kept (lower score):",
         scorer.metric_spec,
         plain.score,
         score,

@@ -279,12 +279,14 @@ def quantize_with_budget(
         )
         final = None  # scored inside: a re-scored choice re-quantizes from the statistics here
         if finetune_trial == "try" and not result.met and not config.extra.include_fast_ft:
-            finetuned, tuned_model = try_fast_finetune(
+            tried = try_fast_finetune(
                 scorer, result.chosen, final_cfg, model_input, out, calib, finetune_seconds, shard_on
             )
+            finetuned, tuned_model = tried if tried is not None else (None, None)
             result.finetune = finetuned
-            result.candidates.append(finetuned.changed)
-            if finetuned.kept:
+            if finetuned is not None:
+                result.candidates.append(finetuned.changed)
+            if finetuned is not None and finetuned.kept:
                 final, config = tuned_model, finetune_config(config, finetune_seconds)
                 result.chosen = finetuned.changed
                 share_ok = result.chosen.npu_mac_share is None or result.chosen.npu_mac_share >= min_npu_share
