@@ -8,7 +8,7 @@ Kept, the configuration (and its config file) carries ``IncludeFastFT`` with tho
 written model is the search's output; not kept, the caller writes the plain choice over it.
 
 Why last and only on a miss: fast finetune changes no layer's precision, so it costs no NPU time, but it
-multiplies a quantization's time by about ten (PP-OCRv4 rec for dpu-b4096: 456 s of tuning for 1000 steps
+multiplies a quantization's time by about fifteen (PP-OCRv4 rec for dpu-b4096: 456 s of tuning for 1000 steps
 per layer against about 30 s to quantize), so running it for every candidate would put the search far
 over its time bound. A layer the search raised that fast finetune would have made unnecessary is not
 lowered again: the step only adds accuracy to the choice. Why AdaQuant and these settings: on PP-OCRv4
