@@ -322,8 +322,10 @@ def written_fast_finetune(base: QuantConfig) -> dict[str, Any]:
     defaults = FastFinetuneOptions()
     out: dict[str, Any] = {}
     for key, (field, _) in FAST_FINETUNE_KEYS.items():
-        value = getattr(base.extra.fast_finetune, field, None) if field else None
-        if field and value is not None and value != getattr(defaults, field):  # TOML has no null
+        if not field:  # accepted for Vitis AI compatibility, nothing stored (OptimDevice, InferDevice)
+            continue
+        value = getattr(base.extra.fast_finetune, field)
+        if value is not None and value != getattr(defaults, field):  # TOML has no null
             out[key] = list(value) if isinstance(value, tuple) else value
     return out
 

@@ -50,7 +50,6 @@ class FinetuneTrial:
     plain: Candidate
     changed: Candidate
     summary: str  # the fast finetune's own one-line summary
-    seconds: float  # the fine-tuned quantization, tuning included
     tuned: int  # layers whose new weights were kept
 
     @property
@@ -109,7 +108,6 @@ def try_fast_finetune(
         plain,
         changed,
         tuned.summary() if tuned is not None else "fast finetune did not run",
-        changed.seconds,
         tuned.tuned if tuned is not None else 0,
     )
     logger.info(

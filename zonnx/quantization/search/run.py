@@ -158,12 +158,13 @@ def quantize_with_budget(
         )
     if measure_samples < 1:
         raise OptionError(f"measure_samples={measure_samples}: measure on at least 1 sample.")
-    if bias_correction not in BIAS_CORRECTION:
-        raise OptionError(f"bias_correction={bias_correction!r}: use one of {', '.join(BIAS_CORRECTION)}.")
-    if thresholds_trial not in THRESHOLDS_TRIAL:
-        raise OptionError(f"thresholds_trial={thresholds_trial!r}: use one of {', '.join(THRESHOLDS_TRIAL)}.")
-    if finetune_trial not in FINETUNE_TRIAL:
-        raise OptionError(f"finetune_trial={finetune_trial!r}: use one of {', '.join(FINETUNE_TRIAL)}.")
+    for name, value, allowed in (
+        ("bias_correction", bias_correction, BIAS_CORRECTION),
+        ("thresholds_trial", thresholds_trial, THRESHOLDS_TRIAL),
+        ("finetune_trial", finetune_trial, FINETUNE_TRIAL),
+    ):
+        if value not in allowed:
+            raise OptionError(f"{name}={value!r}: use one of {', '.join(allowed)}.")
     if not finetune_seconds > 0:
         raise OptionError(f"finetune_seconds={finetune_seconds}: give the tuning a positive time bound.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
