@@ -107,11 +107,6 @@ def build_config(
             "extra_options['BlockSize']: block-wise weights are written as QDQ (opset 21) only; use "
             "quant_format=QuantFormat.QDQ without a target, or remove BlockSize."
         )
-    if extra.include_fast_ft and fmt == QuantFormat.QOperator:
-        raise OptionError(
-            "IncludeFastFT: fast finetune rewrites weights behind DequantizeLinear/FixNeuron nodes and "
-            "QOperator models have none; use quant_format QDQ (or a Vitis format)."
-        )
     cfg = QuantConfig(
         quant_format=fmt,
         activation_type=act,
@@ -313,11 +308,6 @@ def quantize_static(
         else:
             cached = cache.load()
     fast_ft = cfg.extra.fast_finetune if cfg.extra.include_fast_ft else None
-    if fast_ft is not None and calibration_data_reader is None:
-        raise OptionError(
-            "IncludeFastFT needs calibration samples: pass a calibration_data_reader (saved statistics "
-            "alone are not enough)."
-        )
     keep = max(
         cfg.extra.report_samples,
         recovery.KEPT_SAMPLES if cfg.extra.bias_correction else 0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -185,6 +186,15 @@ def test_qoperator_is_refused_before_calibration(conv_model: onnx.ModelProto) ->
         zonnx.quantize_static(
             conv_model, None, None, quant_format=QuantFormat.QOperator, extra_options={"IncludeFastFT": True}
         )
+
+
+def test_fast_finetune_without_samples_is_refused_before_anything_is_written(
+    conv_model: onnx.ModelProto, tmp_path: Path
+) -> None:
+    out = tmp_path / "q.onnx"
+    with pytest.raises(OptionError, match="IncludeFastFT needs calibration samples"):
+        zonnx.quantize_static(conv_model, out, None, extra_options={"IncludeFastFT": True})
+    assert not out.exists()
 
 
 def test_mobilenetv2_dpu_adaround_improves_held_out_sqnr() -> None:

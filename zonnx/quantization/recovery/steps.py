@@ -4,7 +4,13 @@ after the target's refinement. Each step that runs adds its record to the return
 
 from __future__ import annotations
 
-__all__ = ["KEPT_SAMPLES", "check_recovery_options", "recover_float", "recover_quantized"]
+__all__ = [
+    "KEPT_SAMPLES",
+    "check_fast_finetune",
+    "check_recovery_options",
+    "recover_float",
+    "recover_quantized",
+]
 
 import logging
 from collections.abc import Mapping, Sequence
@@ -30,7 +36,9 @@ KEPT_SAMPLES = 256
 
 
 def check_recovery_options(cfg: QuantConfig, has_reader: bool) -> None:
-    """Refuse, before calibration, a bias correction that could not run."""
+    """Refuse, before calibration, a bias correction or fast finetune that could not run."""
+    if cfg.extra.include_fast_ft:
+        check_fast_finetune(cfg, has_reader)
     if not cfg.extra.bias_correction:
         return
     if cfg.quant_format == QuantFormat.QOperator:
@@ -44,6 +52,20 @@ def check_recovery_options(cfg: QuantConfig, has_reader: bool) -> None:
         raise OptionError(
             "extra_options BiasCorrection needs calibration samples: give a calibration_data_reader "
             "(zonnx quantize --calib), also when statistics are loaded."
+        )
+
+
+def check_fast_finetune(cfg: QuantConfig, has_reader: bool) -> None:
+    """Fast finetune needs weight quantizers (not QOperator) and calibration samples to capture."""
+    if cfg.quant_format == QuantFormat.QOperator:
+        raise OptionError(
+            "IncludeFastFT: fast finetune rewrites weights behind DequantizeLinear/FixNeuron nodes and "
+            "QOperator models have none; use quant_format QDQ (or a Vitis format)."
+        )
+    if not has_reader:
+        raise OptionError(
+            "IncludeFastFT needs calibration samples: pass a calibration_data_reader (saved statistics "
+            "alone are not enough)."
         )
 
 

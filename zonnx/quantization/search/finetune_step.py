@@ -33,8 +33,8 @@ import numpy as np
 from zonnx.errors import OptionError, first_line
 from zonnx.quantization.calibration.readers import CalibrationError, ListReader
 from zonnx.quantization.config import QuantConfig
-from zonnx.quantization.enums import QuantFormat
 from zonnx.quantization.options import parse_fast_finetune
+from zonnx.quantization.recovery.steps import check_recovery_options
 from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
@@ -82,8 +82,11 @@ def try_fast_finetune(
     one batch (the reason is logged)."""
     from zonnx.quantization.api import quantize_static
 
-    if final_config.quant_format == QuantFormat.QOperator:
-        logger.info("accuracy search: fast finetune not tried (QOperator models have no weight quantizers)")
+    tuned_config = finetune_config(final_config, seconds)
+    try:
+        check_recovery_options(tuned_config, has_reader=True)
+    except OptionError as e:
+        logger.info("accuracy search: fast finetune not tried (%s)", e)
         return None
 
     plain = chosen if chosen.full or not scorer.subset else scorer.score(chosen.overrides, full=True)
@@ -93,7 +96,7 @@ def try_fast_finetune(
             model_input,
             out,
             ListReader(list(calib)),
-            config=finetune_config(final_config, seconds),
+            config=tuned_config,
             calibration_executor=calibration_executor,
         )
     except (CalibrationError, OptionError) as e:  # e.g. fewer samples than one batch: the choice stands
