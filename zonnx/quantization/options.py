@@ -50,7 +50,9 @@ class FastFinetuneOptions:
             samples went down (False).
         target_op_types: ``TargetOpType``, op types tuned (Conv, Gemm, MatMul).
         max_seconds: ``MaxSeconds`` (zonnx), wall-time bound of the whole fine-tuning; layers reached
-            after it keep their weights (1800).
+            after it keep their weights, and layers tuned under it may stop early, so a run that reaches
+            it depends on the machine's speed (1800; ``inf`` or None: no bound, the same weights on
+            every run).
         threads: ``Threads`` (zonnx), torch and ORT CPU threads while tuning (1).
     """
 
@@ -424,9 +426,12 @@ def _ft_check(opts: FastFinetuneOptions) -> None:
                         ("DataSize", opts.data_size), ("Threads", opts.threads)):  # fmt: skip
         if value < 1:
             raise OptionError(f"{key}[{name!r}] = {value}: must be at least 1.")
-    for name, value in (("LearningRate", opts.learning_rate), ("MaxSeconds", opts.max_seconds)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise OptionError(f"{key}[{name!r}] = {value}: must be a positive number.")
+    if not (math.isfinite(opts.learning_rate) and opts.learning_rate > 0):
+        raise OptionError(f"{key}['LearningRate'] = {opts.learning_rate}: must be a positive number.")
+    if opts.max_seconds is not None and not opts.max_seconds > 0:  # inf (or None): no bound
+        raise OptionError(
+            f"{key}['MaxSeconds'] = {opts.max_seconds}: must be a positive number (inf: no bound)."
+        )
     if not (math.isfinite(opts.reg_param) and opts.reg_param >= 0):
         raise OptionError(f"{key}['RegParam'] = {opts.reg_param}: must be >= 0.")
     if not 0 <= opts.warm_start < 1:

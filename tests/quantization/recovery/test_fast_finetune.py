@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,9 @@ def test_too_few_samples_is_one_clear_error(conv_model: onnx.ModelProto) -> None
         ({"IncludeFastFT": True, "FastFinetune": {"BetaRange": [2, 20]}}, "start >= end"),
         ({"IncludeFastFT": True, "FastFinetune": {"TargetOpType": ["Conv", "LSTM"]}}, "TargetOpType"),
         ({"IncludeFastFT": True, "FastFinetune": {"NumIterations": True}}, "expected int"),
+        ({"IncludeFastFT": True, "FastFinetune": {"MaxSeconds": 0}}, r"MaxSeconds.*positive.*inf: no bound"),
+        ({"IncludeFastFT": True, "FastFinetune": {"MaxSeconds": float("nan")}}, "MaxSeconds"),
+        ({"IncludeFastFT": True, "FastFinetune": {"LearningRate": float("inf")}}, "LearningRate"),
     ],
 )
 def test_fast_finetune_options_are_strict(extra: dict, message: str) -> None:
@@ -242,6 +246,21 @@ def test_selective_update_keeps_weights_that_got_worse(conv_model: onnx.ModelPro
         assert np.array_equal(arr, _inits(tuned.model)[name]), name
 
 
+def test_max_seconds_inf_is_no_bound_and_repeats_the_same_weights(conv_model: onnx.ModelProto) -> None:
+    calib = _feeds(4, 5)
+    ft = {"OptimAlgorithm": "adaquant", "NumIterations": 20, "MaxSeconds": math.inf}
+    runs = [
+        zonnx.quantize_static(
+            conv_model, None, ListReader(calib), extra_options={"IncludeFastFT": True, "FastFinetune": ft}
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].recovery["fast_finetune"].tuned == 1
+    assert [o.iterations for o in runs[0].recovery["fast_finetune"].layers] == [20]
+    first, second = (_inits(r.model) for r in runs)
+    assert all(np.array_equal(first[name], second[name]) for name in first)
+
+
 def test_max_seconds_leaves_later_layers_alone(conv_model: onnx.ModelProto, caplog) -> None:
     calib = _feeds(4, 5)
     base = zonnx.quantize_static(conv_model, None, ListReader(calib))
@@ -252,7 +271,10 @@ def test_max_seconds_leaves_later_layers_alone(conv_model: onnx.ModelProto, capl
         )
     outcome = tuned.recovery["fast_finetune"]
     assert outcome.layers == [] and "MaxSeconds" in outcome.skipped["Conv_0"]
-    assert any("1 of 1 layers were not tuned" in r.message for r in caplog.records)
+    assert any(
+        "1 of 1 layers were not tuned" in r.message and "depends on this machine's speed" in r.message
+        for r in caplog.records
+    )
     for name, arr in _inits(base.model).items():
         assert np.array_equal(arr, _inits(tuned.model)[name]), name
 

@@ -214,7 +214,8 @@ def fast_finetune(
                 for rest in layers[k:]:
                     result.skipped[rest.name] = f"MaxSeconds ({options.max_seconds:g} s) reached first"
                 logger.warning(
-                    "fast finetune: MaxSeconds %g s reached; %d of %d layers were not tuned.",
+                    "fast finetune: MaxSeconds %g s reached; %d of %d layers were not tuned (the result "
+                    "depends on this machine's speed: MaxSeconds inf repeats on every run).",
                     options.max_seconds,
                     len(layers) - k,
                     len(layers),
@@ -293,7 +294,8 @@ def fast_finetune(
     short = [o.name for o in result.layers if o.iterations < options.num_iterations]
     if short:
         logger.warning(
-            "fast finetune: %d layer(s) stopped before NumIterations to stay within MaxSeconds %g s (e.g. %s).",
+            "fast finetune: %d layer(s) stopped before NumIterations to stay within MaxSeconds %g s (e.g. %s); "
+            "the result depends on this machine's speed: MaxSeconds inf repeats on every run.",
             len(short),
             options.max_seconds,
             short[0],

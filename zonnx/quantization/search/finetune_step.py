@@ -2,7 +2,7 @@
 
 Rule: when the search's choice does not meet the budget and the configuration has no fast finetune of its
 own, quantize the chosen configuration (its layers raised as chosen) once more with AdaQuant
-(``TRIAL_OPTIONS``, at most ``seconds`` of tuning) straight to the output path, score that model on every
+(``TRIAL_OPTIONS``; ``seconds``, when given, bounds the tuning by the clock) straight to the output path, score that model on every
 evaluation sample, and keep it when it scores at least what the choice scored on every evaluation sample.
 Kept, the configuration (and its config file) carries ``IncludeFastFT`` with those settings, and the
 written model is the search's output; not kept, the caller writes the plain choice over it.
@@ -23,6 +23,7 @@ __all__ = ["FinetuneTrial", "TRIAL_OPTIONS", "finetune_config", "try_fast_finetu
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +40,8 @@ from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
 
-#: The trial's FastFinetune settings (Vitis AI's key names); ``MaxSeconds`` comes from the caller.
+#: The trial's FastFinetune settings (Vitis AI's key names); ``MaxSeconds`` comes from the caller (none
+#: by default: a wall-clock bound that cuts layers short makes the weights depend on the machine's load).
 TRIAL_OPTIONS: dict[str, Any] = {"OptimAlgorithm": "adaquant", "NumIterations": 1000, "BatchSize": 4}
 
 
@@ -58,9 +60,12 @@ class FinetuneTrial:
         return self.tuned > 0 and self.changed.score >= self.plain.score
 
 
-def finetune_config(config: QuantConfig, seconds: float) -> QuantConfig:
-    """``config`` with ``IncludeFastFT`` and the trial's settings, tuning bounded by ``seconds``."""
-    options = parse_fast_finetune({**TRIAL_OPTIONS, "MaxSeconds": float(seconds)})
+def finetune_config(config: QuantConfig, seconds: float | None) -> QuantConfig:
+    """``config`` with ``IncludeFastFT`` and the trial's settings, tuning bounded by ``seconds`` (None:
+    ``MaxSeconds = inf``, no bound, so the config file repeats the same weights)."""
+    options = parse_fast_finetune(
+        {**TRIAL_OPTIONS, "MaxSeconds": math.inf if seconds is None else float(seconds)}
+    )
     extra = dataclasses.replace(config.extra, include_fast_ft=True, fast_finetune=options)
     return dataclasses.replace(config, extra=extra)
 
@@ -72,7 +77,7 @@ def try_fast_finetune(
     model_input: str | Path,
     out: Path,
     calib: Sequence[dict[str, np.ndarray]],
-    seconds: float,
+    seconds: float | None,
     calibration_executor: Any = None,
 ) -> tuple[FinetuneTrial, Any] | None:
     """Quantize ``final_config`` (the choice's overrides in it) with fast finetune to ``out`` and score it

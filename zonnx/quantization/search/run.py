@@ -28,8 +28,8 @@ and keeps them when they score at least as well (``threshold_step.py``); kept, t
 and plan order the layers. ``"off"`` skips it.
 
 Fast finetune (``finetune_trial="try"``, the default): when the choice misses the budget and the
-configuration does not fine-tune already, the choice is quantized once more with AdaQuant (at most
-``finetune_seconds`` of tuning) and kept when it scores at least as well on every evaluation sample
+configuration does not fine-tune already, the choice is quantized once more with AdaQuant (1000 steps
+per layer; ``finetune_seconds`` bounds the tuning by the clock, at the cost of repeatability) and kept when it scores at least as well on every evaluation sample
 (``finetune_step.py``: why it comes last). ``"off"`` skips it.
 
 Each trial hands its kept configuration's scored candidate on (to the next trial, then to the search as
@@ -122,7 +122,7 @@ def quantize_with_budget(
     bias_correction: str = "try",
     thresholds_trial: str = "try",
     finetune_trial: str = "try",
-    finetune_seconds: float = 300.0,
+    finetune_seconds: float | None = None,
 ) -> tuple[Any, BudgetResult, Path]:
     """Quantize ``model_input`` to ``model_output`` within ``budget`` points of ``metric``.
 
@@ -137,8 +137,9 @@ def quantize_with_budget(
     docstring; ``BudgetResult.ranges``); ``bias_correction``: ``"try"`` it before raising layers, or
     ``"off"`` (module docstring; ``BudgetResult.bias_correction``); ``thresholds_trial``: ``"try"`` MSE
     thresholds when activations are calibrated by min/max, or ``"off"`` (``threshold_step.py``;
-    ``BudgetResult.thresholds``); ``finetune_trial``: ``"try"`` AdaQuant, with at most ``finetune_seconds``
-    of tuning, on a choice that misses the budget, or ``"off"`` (``finetune_step.py``;
+    ``BudgetResult.thresholds``); ``finetune_trial``: ``"try"`` AdaQuant on a choice that misses the budget
+    (its 1000 steps per layer, or at most ``finetune_seconds`` of tuning: a bound that is reached cuts
+    layers short by the clock, so the weights then depend on the machine), or ``"off"`` (``finetune_step.py``;
     ``BudgetResult.finetune``). Returns the final ``QuantizeResult``,
     the ``BudgetResult`` (every candidate) and the config path.
     """
@@ -165,7 +166,7 @@ def quantize_with_budget(
     ):
         if value not in allowed:
             raise OptionError(f"{name}={value!r}: use one of {', '.join(allowed)}.")
-    if not finetune_seconds > 0:
+    if finetune_seconds is not None and not finetune_seconds > 0:
         raise OptionError(f"finetune_seconds={finetune_seconds}: give the tuning a positive time bound.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
     if eval_feeds is None:
