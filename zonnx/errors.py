@@ -12,6 +12,7 @@ __all__ = [
     "VerificationError",
     "MetricError",
     "did_you_mean",
+    "type_names",
     "first_line",
 ]
 
@@ -68,3 +69,9 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ' Did you mean X?' for the closest choice, or '' when nothing is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def type_names(types: type | tuple[type, ...]) -> str:
+    """The names of ``types`` for a message: "int or float", "None" for NoneType."""
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join("None" if t is type(None) else t.__name__ for t in types)

@@ -40,7 +40,7 @@ import torch
 from zonnx.errors import first_line
 from zonnx.ir.io import to_ir, to_proto
 from zonnx.quantization.calibration.readers import CalibrationError
-from zonnx.quantization.options import FastFinetuneOptions
+from zonnx.quantization.finetune_options import FastFinetuneOptions
 from zonnx.quantization.recovery.finetune_capture import segment_session
 from zonnx.quantization.recovery.finetune_layers import Layer, find_layers
 from zonnx.quantization.recovery.finetune_optimize import LayerData, LayerOp, TuneSettings, tune_layer

@@ -51,7 +51,8 @@ import numpy as np
 from zonnx.errors import OptionError
 from zonnx.inspection.macs import node_macs_by_name
 from zonnx.quantization.config import QuantConfig
-from zonnx.quantization.options import FAST_FINETUNE_KEYS, KNOWN_KEYS, ExtraOptions, FastFinetuneOptions
+from zonnx.quantization.finetune_options import FAST_FINETUNE_KEYS, FastFinetuneOptions
+from zonnx.quantization.options import KNOWN_KEYS, ExtraOptions
 from zonnx.quantization.search.executor import Executor, LocalExecutor
 from zonnx.quantization.search.mac_allowance import within_mac_allowance
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides

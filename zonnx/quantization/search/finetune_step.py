@@ -34,7 +34,7 @@ import numpy as np
 from zonnx.errors import OptionError, first_line
 from zonnx.quantization.calibration.readers import CalibrationError, ListReader
 from zonnx.quantization.config import QuantConfig
-from zonnx.quantization.options import parse_fast_finetune
+from zonnx.quantization.finetune_options import parse_fast_finetune
 from zonnx.quantization.recovery.steps import check_recovery_options
 from zonnx.quantization.search.scorer import Candidate
 
