@@ -42,6 +42,7 @@ def run_budget_search(
     bias_correction: str = "try",
     thresholds_trial: str = "try",
     finetune_trial: str = "try",
+    finetune_seconds: float | None = None,
 ) -> None:
     """Search, print every candidate and ``summary`` of the final model, write the model and its config
     file; exit 1 under ``strict`` when the budget is not met. ``executor`` runs calibration shards and
@@ -65,7 +66,7 @@ def run_budget_search(
         max_layers=search_layers, measure_layers=measure_layers, progress=progress,
         input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share, executor=executor,
         order_by=order_by, range_search=range_search, bias_correction=bias_correction,
-        thresholds_trial=thresholds_trial, finetune_trial=finetune_trial,
+        thresholds_trial=thresholds_trial, finetune_trial=finetune_trial, finetune_seconds=finetune_seconds,
     )  # fmt: skip
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "

@@ -242,8 +242,14 @@ def quantize(
     search_finetune: str = typer.Option(
         "try",
         "--search-finetune",
-        help="With --accuracy-budget: try (when the choice misses the budget, fine-tune it with AdaQuant, at "
-        "most 300 s, and keep that when it scores at least as well) or off.",
+        help="With --accuracy-budget: try (when the choice misses the budget, fine-tune it with AdaQuant, 1000 "
+        "steps per layer, and keep that when it scores at least as well) or off.",
+    ),
+    search_finetune_seconds: float = typer.Option(
+        None,
+        "--search-finetune-seconds",
+        help="Bound the --search-finetune tuning by the clock (seconds). Layers then stop early by time, so "
+        "the weights depend on the machine's speed; without it the same run gives the same weights.",
     ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when the accuracy budget is not met."),
     input_shape: list[str] = typer.Option(
@@ -325,6 +331,16 @@ def quantize(
             raise OptionError(f"{flag} {value!r}: use try or off.")
         if accuracy_budget is None and value != "try":
             raise OptionError(f"{flag} goes with --accuracy-budget; add it or drop {flag}.")
+    if search_finetune_seconds is not None:
+        if accuracy_budget is None or search_finetune == "off":
+            raise OptionError(
+                "--search-finetune-seconds bounds the search's fast finetune: it goes with --accuracy-budget "
+                "and --search-finetune try; drop it or add those."
+            )
+        if not search_finetune_seconds > 0:
+            raise OptionError(
+                f"--search-finetune-seconds {search_finetune_seconds:g}: give a positive number."
+            )
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model, load_external_data=False)  # quantize_static reads (maps) the weights
     tdef = _target_defaults(target or cfg_file.get("target"))
@@ -418,7 +434,8 @@ def quantize(
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,
                           range_search=range_search, bias_correction=search_bias_correction,
-                          thresholds_trial=search_thresholds, finetune_trial=search_finetune)  # fmt: skip
+                          thresholds_trial=search_thresholds, finetune_trial=search_finetune,
+                          finetune_seconds=search_finetune_seconds)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None
     start = time.perf_counter()

@@ -61,6 +61,28 @@ def test_a_choice_that_misses_is_fine_tuned_and_written(digits: Path, tmp_path: 
     assert "fast finetune (AdaQuant) added" in text
 
 
+def test_a_clock_bound_reaches_the_tuning_and_the_log_says_what_it_costs(
+    digits: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``finetune_seconds`` becomes the trial's MaxSeconds: a bound reached before the first layer tunes
+    nothing, so the trial is not kept, and the warning says the result now depends on the machine."""
+    with caplog.at_level(logging.WARNING):
+        _, result, config_path = quantize_with_budget(
+            digits,
+            tmp_path / "q.onnx",
+            digits_feeds(32),
+            _dpu_config(),
+            budget=0.0001,
+            metric="cosine",
+            eval_feeds=digits_feeds(16, 100),
+            max_layers=1,
+            finetune_seconds=1e-9,
+        )
+    assert result.finetune is not None and result.finetune.tuned == 0 and not result.finetune.kept
+    assert "depends on this machine's speed" in caplog.text
+    assert "IncludeFastFT" not in config_path.read_text()
+
+
 def test_fast_finetune_is_skipped_when_off_met_out_of_reach_or_short_of_samples(
     digits: Path, tmp_path: Path, caplog
 ) -> None:
@@ -127,3 +149,11 @@ def test_the_cli_says_what_fast_finetune_did_its_config_reproduces_it_and_bad_va
     assert proc.returncode == 2 and "--search-finetune 'maybe': use try or off." in proc.stderr
     proc = run_cli(*args, "--search-finetune", "off")
     assert proc.returncode == 2 and "--search-finetune goes with --accuracy-budget" in proc.stderr
+    proc = run_cli(*args, "--accuracy-budget", "0.0001", "--search-finetune-seconds", "0")
+    assert proc.returncode == 2 and "--search-finetune-seconds 0: give a positive number." in proc.stderr
+    proc = run_cli(
+        *args, "--accuracy-budget", "0.0001", "--search-finetune", "off", "--search-finetune-seconds", "9"
+    )
+    assert (
+        proc.returncode == 2 and "--search-finetune-seconds bounds the search's fast finetune" in proc.stderr
+    )
