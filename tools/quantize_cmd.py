@@ -331,16 +331,11 @@ def quantize(
             raise OptionError(f"{flag} {value!r}: use try or off.")
         if accuracy_budget is None and value != "try":
             raise OptionError(f"{flag} goes with --accuracy-budget; add it or drop {flag}.")
-    if search_finetune_seconds is not None:
-        if accuracy_budget is None or search_finetune == "off":
-            raise OptionError(
-                "--search-finetune-seconds bounds the search's fast finetune: it goes with --accuracy-budget "
-                "and --search-finetune try; drop it or add those."
-            )
-        if not search_finetune_seconds > 0:
-            raise OptionError(
-                f"--search-finetune-seconds {search_finetune_seconds:g}: give a positive number."
-            )
+    if search_finetune_seconds is not None and (accuracy_budget is None or search_finetune == "off"):
+        raise OptionError(
+            "--search-finetune-seconds bounds the search's fast finetune: it goes with --accuracy-budget "
+            "and --search-finetune try; drop it or add those."
+        )
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model, load_external_data=False)  # quantize_static reads (maps) the weights
     tdef = _target_defaults(target or cfg_file.get("target"))

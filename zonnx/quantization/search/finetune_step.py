@@ -2,14 +2,14 @@
 
 Rule: when the search's choice does not meet the budget and the configuration has no fast finetune of its
 own, quantize the chosen configuration (its layers raised as chosen) once more with AdaQuant
-(``TRIAL_OPTIONS``; ``seconds``, when given, bounds the tuning by the clock) straight to the output path, score that model on every
-evaluation sample, and keep it when it scores at least what the choice scored on every evaluation sample.
-Kept, the configuration (and its config file) carries ``IncludeFastFT`` with those settings, and the
+(``TRIAL_OPTIONS``; ``seconds``, when given, bounds the tuning by the clock) straight to the output path,
+score that model on every evaluation sample, and keep it when it scores at least what the choice scored
+on every evaluation sample. Kept, the configuration (and its config file) carries ``IncludeFastFT`` with those settings, and the
 written model is the search's output; not kept, the caller writes the plain choice over it.
 
 Why last and only on a miss: fast finetune changes no layer's precision, so it costs no NPU time, but it
-multiplies a quantization's time by about fifteen (PP-OCRv4 rec for dpu-b4096: 456 s of tuning for 1000 steps
-per layer against about 30 s to quantize), so running it for every candidate would put the search far
+multiplies a quantization's time by about fifteen (PP-OCRv4 rec for dpu-b4096: 456 s of tuning for 1000
+steps per layer against about 30 s to quantize), so running it for every candidate would put the search far
 over its time bound. A layer the search raised that fast finetune would have made unnecessary is not
 lowered again: the step only adds accuracy to the choice. Why AdaQuant and these settings: on PP-OCRv4
 rec for dpu-b4096 (per-tensor power-of-two weights, 32 calibration lines) AdaQuant with 1000 steps and
@@ -37,7 +37,7 @@ from zonnx.errors import OptionError, first_line
 from zonnx.quantization.calibration.readers import CalibrationError, ListReader
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.finetune_options import parse_fast_finetune
-from zonnx.quantization.recovery.steps import check_recovery_options
+from zonnx.quantization.recovery.steps import check_fast_finetune
 from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def try_fast_finetune(
 
     tuned_config = finetune_config(final_config, seconds)
     try:
-        check_recovery_options(tuned_config, has_reader=True)
+        check_fast_finetune(tuned_config, has_reader=True)
     except OptionError as e:
         logger.info("accuracy search: fast finetune not tried (%s)", e)
         return None

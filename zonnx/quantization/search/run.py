@@ -29,8 +29,8 @@ and plan order the layers. ``"off"`` skips it.
 
 Fast finetune (``finetune_trial="try"``, the default): when the choice misses the budget and the
 configuration does not fine-tune already, the choice is quantized once more with AdaQuant (1000 steps
-per layer; ``finetune_seconds`` bounds the tuning by the clock, at the cost of repeatability) and kept when it scores at least as well on every evaluation sample
-(``finetune_step.py``: why it comes last). ``"off"`` skips it.
+per layer; ``finetune_seconds`` bounds the tuning by the clock, at the cost of repeatability) and kept
+when it scores at least as well on every evaluation sample (``finetune_step.py``: why it comes last). ``"off"`` skips it.
 
 Each trial hands its kept configuration's scored candidate on (to the next trial, then to the search as
 its baseline), so no configuration is scored twice.
@@ -166,8 +166,8 @@ def quantize_with_budget(
     ):
         if value not in allowed:
             raise OptionError(f"{name}={value!r}: use one of {', '.join(allowed)}.")
-    if finetune_seconds is not None and not finetune_seconds > 0:
-        raise OptionError(f"finetune_seconds={finetune_seconds}: give the tuning a positive time bound.")
+    if finetune_seconds is not None and not finetune_seconds > 0:  # the CLI's check too
+        raise OptionError(f"--search-finetune-seconds {finetune_seconds:g}: give a positive number.")
     feeds = read_feeds(calibration_data_reader, "calibration data")
     if eval_feeds is None:
         calib, held = split_eval(feeds)
