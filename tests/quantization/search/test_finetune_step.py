@@ -28,22 +28,38 @@ def _dpu_config():
     return build_config(**target_quantize_kwargs("dpu-b4096"))
 
 
+def _search(
+    digits: Path,
+    out: Path,
+    *,
+    calib: int = 32,
+    config=None,
+    budget: float = 0.0001,
+    eval_feeds=None,
+    **kwargs,
+):
+    """The budget search on ``calib`` digits samples, scored by cosine on 16 other samples, one layer to
+    raise; by default for dpu-b4096 with a budget nothing meets."""
+    return quantize_with_budget(
+        digits,
+        out,
+        digits_feeds(calib),
+        config or _dpu_config(),
+        budget=budget,
+        metric="cosine",
+        eval_feeds=eval_feeds or digits_feeds(16, 100),
+        max_layers=1,
+        **kwargs,
+    )
+
+
 def test_a_choice_that_misses_is_fine_tuned_and_written(digits: Path, tmp_path: Path) -> None:
     """Nothing meets a budget of 0.0001 cosine with one layer to raise: the choice is quantized again with
     AdaQuant, scored on every evaluation sample, kept because it scores higher, and written; the config file
     carries the settings."""
     out = tmp_path / "q.onnx"
     evals = digits_feeds(16, 100)
-    final, result, config_path = quantize_with_budget(
-        digits,
-        out,
-        digits_feeds(32),
-        _dpu_config(),
-        budget=0.0001,
-        metric="cosine",
-        eval_feeds=evals,
-        max_layers=1,
-    )
+    final, result, config_path = _search(digits, out, eval_feeds=evals)
     trial = result.finetune
     assert trial is not None and trial.changed.full and "adaquant" in trial.summary
     assert trial.changed.score > trial.plain.score and trial.kept
@@ -67,17 +83,7 @@ def test_a_clock_bound_reaches_the_tuning_and_the_log_says_what_it_costs(
     """``finetune_seconds`` becomes the trial's MaxSeconds: a bound reached before the first layer tunes
     nothing, so the trial is not kept, and the warning says the result now depends on the machine."""
     with caplog.at_level(logging.WARNING):
-        _, result, config_path = quantize_with_budget(
-            digits,
-            tmp_path / "q.onnx",
-            digits_feeds(32),
-            _dpu_config(),
-            budget=0.0001,
-            metric="cosine",
-            eval_feeds=digits_feeds(16, 100),
-            max_layers=1,
-            finetune_seconds=1e-9,
-        )
+        _, result, config_path = _search(digits, tmp_path / "q.onnx", finetune_seconds=1e-9)
     assert result.finetune is not None and result.finetune.tuned == 0 and not result.finetune.kept
     assert "depends on this machine's speed" in caplog.text
     assert "IncludeFastFT" not in config_path.read_text()
@@ -86,30 +92,15 @@ def test_a_clock_bound_reaches_the_tuning_and_the_log_says_what_it_costs(
 def test_fast_finetune_is_skipped_when_off_met_out_of_reach_or_short_of_samples(
     digits: Path, tmp_path: Path, caplog
 ) -> None:
-    kwargs = dict(metric="cosine", eval_feeds=digits_feeds(16, 100), max_layers=1)
-    _, off, off_config = quantize_with_budget(
-        digits,
-        tmp_path / "off.onnx",
-        digits_feeds(32),
-        _dpu_config(),
-        budget=0.0001,
-        finetune_trial="off",
-        **kwargs,
-    )
+    _, off, off_config = _search(digits, tmp_path / "off.onnx", finetune_trial="off")
     assert off.finetune is None and not off.met and "IncludeFastFT" not in off_config.read_text()
-    _, met, _ = quantize_with_budget(
-        digits, tmp_path / "met.onnx", digits_feeds(32), _dpu_config(), budget=5.0, **kwargs
-    )
+    _, met, _ = _search(digits, tmp_path / "met.onnx", budget=5.0)
     assert met.met and met.finetune is None
     qop = build_config(quant_format=QuantFormat.QOperator, per_channel=True)
-    _, unreachable, _ = quantize_with_budget(
-        digits, tmp_path / "qop.onnx", digits_feeds(32), qop, budget=0.0001, **kwargs
-    )
+    _, unreachable, _ = _search(digits, tmp_path / "qop.onnx", config=qop)
     assert not unreachable.met and unreachable.finetune is None and (tmp_path / "qop.onnx").is_file()
     with caplog.at_level(logging.WARNING):  # fewer calibration samples than one batch of 4: said, not fatal
-        _, few, _ = quantize_with_budget(
-            digits, tmp_path / "few.onnx", digits_feeds(3), _dpu_config(), budget=0.0001, **kwargs
-        )
+        _, few, _ = _search(digits, tmp_path / "few.onnx", calib=3)
     assert few.finetune is None and (tmp_path / "few.onnx").is_file()
     assert "fast finetune not tried: fast finetune needs at least 4 calibration sample(s)" in caplog.text
     for bad, match in (
@@ -117,9 +108,7 @@ def test_fast_finetune_is_skipped_when_off_met_out_of_reach_or_short_of_samples(
         ({"finetune_seconds": 0}, "positive"),
     ):
         with pytest.raises(OptionError, match=match):
-            quantize_with_budget(
-                digits, tmp_path / "x.onnx", digits_feeds(32), _dpu_config(), budget=0.0001, **kwargs, **bad
-            )
+            _search(digits, tmp_path / "x.onnx", **bad)
     assert not (tmp_path / "x.onnx").exists()
 
 
