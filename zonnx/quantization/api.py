@@ -340,9 +340,12 @@ def quantize_static(
     release_mapped(mapped_weights)
     refinement = None
     if target is not None:
+        from zonnx.quantization.refine.avgpool import target_pool_kernels
         from zonnx.quantization.refine.pipeline import refine_model
 
-        refinement = refine_model(model, target)
+        samples = reader.fill() if reader is not None else []
+        kernels = target_pool_kernels(float_model, samples, target)
+        refinement = refine_model(model, target, pool_kernels=kernels)
     if fast_ft is not None:
         records["fast_finetune"] = _fast_finetune(float_model, model, plan, reader, fast_ft)
     if cfg.extra.bias_correction:

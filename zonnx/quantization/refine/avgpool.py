@@ -11,21 +11,34 @@ its output quantizer, so the quantized model computes what the NPU will, and rec
 pool (metadata "zonnx.avgpool_factor" = "k/2^n") and in the changes. A pool whose output already goes
 through such a Mul is left alone. GlobalAveragePool needs its input's spatial shape (run shape
 inference first); padded windows are scaled like full ones, as the NPU does.
+
+A model with dynamic spatial dimensions (PP-OCR's recognizer reads lines of any width) has no static
+window for its global pools, yet the NPU compiles one fixed shape and scales by that window's factor.
+``sample_pool_kernels`` reads the windows off the calibration samples' shapes (shape inference with the
+inputs fixed to them, when every sample has the same shape); the pass then scales those pools as the NPU
+will for inputs of that shape, and says so. Without it the fake-quant model would divide exactly where
+the NPU multiplies by ``k/2^n``: on PP-OCRv4 rec for dpu-b4096 (two 6x80 squeeze-excite pools, factor 17/2^13) the
+two then differ by one code in places at each pool, which grows to a cosine of 0.93 deeper in (one line),
+and every recovery step tuned on the fake-quant model aims at the wrong network.
 """
 
 from __future__ import annotations
 
-__all__ = ["AvgPoolFactorPass", "FACTOR_KEY"]
+__all__ = ["AvgPoolFactorPass", "FACTOR_KEY", "sample_pool_kernels", "target_pool_kernels"]
 
 import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
-from zonnx.backend.targets import AvgPoolFactor
+from zonnx.backend.targets import AvgPoolFactor, Target
 from zonnx.passes.base import Changes
 from zonnx.passes.fusion.matching import label
-from zonnx.quantization.refine.base import RefinePass
+from zonnx.quantization.refine.base import DEFAULT_TARGET, RefinePass
 from zonnx.quantization.refine.positions import REFINE_MARK, QuantGraph, is_refine_node
 
 logger = logging.getLogger(__name__)
@@ -33,6 +46,7 @@ logger = logging.getLogger(__name__)
 #: Pool metadata key recording the factor "k/2^n" the hardware multiplies the window sum by.
 FACTOR_KEY = "zonnx.avgpool_factor"
 _MARK_VALUE = "avgpool_factor"
+_ALL_STATIC = "every pool's window is static"
 
 
 def _kernel(node: ir.Node) -> tuple[int, int] | str:
@@ -51,11 +65,22 @@ def _kernel(node: ir.Node) -> tuple[int, int] | str:
 class AvgPoolFactorPass(RefinePass):
     """Makes average pools compute the NPU's ``sum * k / 2^n`` instead of the exact mean.
 
-    Acts when the target has ``[quant.avgpool]``. Options: see ``RefinePass``.
+    Acts when the target has ``[quant.avgpool]``. Options: see ``RefinePass``; ``pool_kernels``: the
+    window (kh, kw) by pool name for pools whose input shape is not static (``sample_pool_kernels``).
     """
 
     name = "refine-avgpool-factor"
     rule_key = "avgpool"
+
+    def __init__(
+        self,
+        target: Target | str | Path = DEFAULT_TARGET,
+        *,
+        max_sweeps: int = 8,
+        pool_kernels: Mapping[str, tuple[int, int]] | None = None,
+    ) -> None:
+        super().__init__(target, max_sweeps=max_sweeps)
+        self.pool_kernels = dict(pool_kernels or {})
 
     def sweep(self, model: ir.Model, graph: QuantGraph, rule: AvgPoolFactor, changes: Changes) -> None:
         for node in list(model.graph):
@@ -68,6 +93,9 @@ class AvgPoolFactorPass(RefinePass):
             ):
                 continue
             kernel = _kernel(node)
+            where = ""
+            if isinstance(kernel, str) and node.name in self.pool_kernels:
+                kernel, where = self.pool_kernels[node.name], ", the window of the calibration samples' shape"
             if isinstance(kernel, str):
                 changes.miss(f"{label(node)}: {kernel}")
                 continue
@@ -79,7 +107,9 @@ class AvgPoolFactorPass(RefinePass):
             scale = kh * kw * k / 2**n
             self._insert(model.graph, graph, node, np.float32(scale))
             node.metadata_props[FACTOR_KEY] = f"{k}/2^{n}"
-            changes.add(f"{node.op_type} {label(node)} {kh}x{kw}: NPU factor {k}/2^{n} (mean x {scale:.8g})")
+            changes.add(
+                f"{node.op_type} {label(node)} {kh}x{kw}{where}: NPU factor {k}/2^{n} (mean x {scale:.8g})"
+            )
 
     @staticmethod
     def _insert(graph: ir.Graph, index: QuantGraph, pool: ir.Node, scale: np.float32) -> None:
@@ -112,3 +142,87 @@ class AvgPoolFactorPass(RefinePass):
             out.name = index.unique_name(f"{original}_mean")
             graph.outputs[:] = [scaled if o is out else o for o in graph.outputs]
             scaled.name = original
+
+
+def sample_pool_kernels(
+    float_model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
+) -> tuple[dict[str, tuple[int, int]], str]:
+    """Rule: the window of every 2-D average pool whose input's spatial shape the model leaves open, as
+    shape inference gives it with the graph inputs fixed to the samples' shapes; ({}, why) when the
+    samples differ in shape or the windows cannot be inferred."""
+    pools = [
+        n
+        for n in float_model.graph.node
+        if n.op_type in ("AveragePool", "GlobalAveragePool") and n.domain in ("", "ai.onnx")
+    ]
+    known = {v.name: v for v in (*float_model.graph.value_info, *float_model.graph.input)}
+
+    def static(name: str) -> bool:
+        v = known.get(name)
+        dims = v.type.tensor_type.shape.dim if v is not None else []
+        return len(dims) == 4 and all(d.HasField("dim_value") for d in dims[2:])
+
+    open_pools = [n for n in pools if n.op_type == "GlobalAveragePool" and not static(n.input[0])]
+    if not open_pools:
+        return {}, _ALL_STATIC
+    if not feeds:
+        return {}, "no calibration samples were kept"
+    shapes = {k: tuple(np.shape(v)) for k, v in feeds[0].items()}
+    if any({k: tuple(np.shape(v)) for k, v in f.items()} != shapes for f in feeds[1:]):
+        return {}, "the calibration samples differ in shape"
+    probe = onnx.ModelProto()
+    probe.CopyFrom(float_model)
+    del probe.graph.value_info[:]
+    for value in probe.graph.input:
+        if value.name in shapes:
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) != len(shapes[value.name]):
+                return (
+                    {},
+                    f"input {value.name!r} has rank {len(dims)} but the samples have {len(shapes[value.name])}",
+                )
+            for dim, size in zip(dims, shapes[value.name], strict=True):
+                dim.Clear()
+                dim.dim_value = int(size)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception as e:  # noqa: BLE001 - any inference failure leaves the pools as they are
+        return {}, f"shape inference with the samples' shapes failed: {str(e).splitlines()[0]}"
+    known = {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.input)}
+    kernels: dict[str, tuple[int, int]] = {}
+    for node in open_pools:
+        if static(node.input[0]):
+            dims = known[node.input[0]].type.tensor_type.shape.dim
+            kernels[node.name] = (int(dims[2].dim_value), int(dims[3].dim_value))
+    return kernels, "" if kernels else "shape inference with the samples' shapes left the windows open"
+
+
+def target_pool_kernels(
+    float_model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]], target: Target
+) -> dict[str, tuple[int, int]]:
+    """``sample_pool_kernels`` when ``target`` scales average pools (else {}), said in the log: which
+    input shape the scaled pools assume, or, when none could be read, that they stay exact."""
+    if not target.quant.avgpool:
+        return {}
+    kernels, why = sample_pool_kernels(float_model, feeds)
+    shapes = ", ".join(
+        f"{k}:{','.join(map(str, np.shape(v)))}" for k, v in (feeds[0] if feeds else {}).items()
+    )
+    if kernels:
+        logger.info(
+            "%d global average pool(s) with dynamic input shape scaled for %s as for inputs %s (the "
+            "calibration samples' shape); compile the model for that shape (--input-shape %s).",
+            len(kernels),
+            target.name,
+            shapes,
+            shapes,
+        )
+    elif why != _ALL_STATIC:
+        logger.warning(
+            "global average pools with a dynamic input shape divide exactly in the quantized model, but "
+            "%s multiplies by a factor that depends on the window (%s); fix the input shape before "
+            "quantizing (`zonnx optimize MODEL OUT --input-shape NAME:DIMS`) so the two agree.",
+            target.name,
+            why,
+        )
+    return kernels

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = ["REFINE_PASSES", "refine_passes", "refine_model"]
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx_ir as ir
@@ -42,16 +43,28 @@ REFINE_PASSES: tuple[type[RefinePass], ...] = (
 )
 
 
-def refine_passes(target: Target | str | Path) -> list[RefinePass]:
-    """One instance of every refinement pass for ``target`` (passes without a rule there do nothing)."""
+def refine_passes(
+    target: Target | str | Path, pool_kernels: Mapping[str, tuple[int, int]] | None = None
+) -> list[RefinePass]:
+    """One instance of every refinement pass for ``target`` (passes without a rule there do nothing);
+    ``pool_kernels`` goes to the avgpool pass (windows of pools with dynamic input shapes)."""
     loaded = load_target(target)
-    return [cls(loaded) for cls in REFINE_PASSES]
+    return [
+        cls(loaded, pool_kernels=pool_kernels) if cls is AvgPoolFactorPass else cls(loaded)
+        for cls in REFINE_PASSES
+    ]
 
 
-def refine_model(model: ir.Model, target: Target | str | Path, *, max_rounds: int = 4) -> Changes:
+def refine_model(
+    model: ir.Model,
+    target: Target | str | Path,
+    *,
+    max_rounds: int = 4,
+    pool_kernels: Mapping[str, tuple[int, int]] | None = None,
+) -> Changes:
     """Apply all rules in order, repeating the round while it changes something (a later rule can
     break an earlier one: aligning a Concat moves the opos of the convolutions before it)."""
-    passes = refine_passes(target)
+    passes = refine_passes(target, pool_kernels)
     total = Changes()
     for _ in range(max_rounds):
         round_changes = Changes()
