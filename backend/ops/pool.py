@@ -82,7 +82,12 @@ def _avgpool_params(
     if factor is not None and xq.pos is not None and yq.pos is not None:
         k, n = factor
         if not math.isclose(mul, 1.0) and not math.isclose(mul, area * k / 2.0**n, rel_tol=1e-6):
-            raise CompileError(f"node {node.name!r}: a Mul by {mul} after the pool cannot be folded.")
+            raise CompileError(
+                f"node {node.name!r}: a Mul by {mul:g} after the pool is not the NPU factor of its "
+                f"{'x'.join(map(str, kernel))} window here ({area * k / 2.0**n:g}); a model quantized for "
+                "inputs of another shape (the calibration samples') is compiled for that shape "
+                "(--input-shape), or quantized again with samples of this one."
+            )
         s = n + xq.pos - yq.pos
         m = k << max(0, -s)
         return attrs, {"multiplier": np.array([m], np.int64), "shift": np.array([max(s, 0)], np.int64)}

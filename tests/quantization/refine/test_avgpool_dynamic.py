@@ -101,3 +101,17 @@ def test_ppocr_rec_dynamic_width_fake_quant_equals_the_npu(tmp_path: Path, targe
     assert len(_factor_muls(onnx.load(out))) > 0
     for feed in lines:
         np.testing.assert_array_equal(npu.run(None, feed)[0], fake.run(None, feed)[0])
+
+
+def test_compiled_for_another_shape_says_which_window(tmp_path: Path, caplog) -> None:
+    src = tmp_path / "se.onnx"
+    onnx.save(parse(_SE, *_INITS), src)
+    out = tmp_path / "q.onnx"
+    zonnx.quantize_static(src, out, ListReader(_feeds([(6, 20)] * 4)), **target_quantize_kwargs("dpu-b4096"))
+    from zonnx.backend.compile_api import compile_model
+
+    assert compile_model(out, "dpu-b4096", input_shapes={"x": [1, 4, 6, 20]}).partition.mac_share == 1.0
+    other = compile_model(out, "dpu-b4096", input_shapes={"x": [1, 4, 6, 24]})
+    assert other.partition.mac_share == 0.0
+    assert "is not the NPU factor of its 6x24 window here" in caplog.text
+    assert "(--input-shape)" in caplog.text
