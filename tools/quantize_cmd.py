@@ -4,10 +4,8 @@ from __future__ import annotations
 
 __all__ = ["quantize"]
 
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,79 +18,18 @@ from zonnx.quantization.config import load_config_file
 from zonnx.quantization.sources import reader_from_source
 from zonnx.tools.console import console, err_console
 from zonnx.tools.options import parse_input_shapes, parse_name_list
+from zonnx.tools.quantize_args import (
+    calib_file,
+    check_search_flags,
+    fold_fast_finetune,
+    generic_defaults,
+    parse_extra,
+    parse_floats,
+    target_defaults,
+)
 from zonnx.tools.quantize_budget import run_budget_search
 from zonnx.tools.quantize_ray import quantize_executor
 from zonnx.tools.quantize_summary import summary_table
-
-
-def _floats(value: str | None, what: str) -> tuple[float, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(float(v) for v in value.split(","))
-    except ValueError:
-        raise OptionError(
-            f"{what} {value!r}: give comma-separated numbers, e.g. 0.485,0.456,0.406."
-        ) from None
-
-
-def _extra(values: list[str] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in values or ():
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise OptionError(f"--extra {item!r}: write it as KEY=VALUE, e.g. ActivationSymmetric=true.")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
-def _target_defaults(target: str | None) -> dict:
-    """The scheme a target accepts (``target_quantize_kwargs``) as CLI option values; options given win."""
-    if not target:
-        return {}
-    from zonnx.build_npu import target_quantize_kwargs
-
-    out = dict(target_quantize_kwargs(str(target)))
-    for key in ("quant_format", "calibrate_method"):
-        if key in out:
-            out[key] = out[key].name.lower()
-    out["extra_options"] = {k: v for k, v in out.get("extra_options", {}).items() if k != "Target"}
-    return out
-
-
-def _generic_defaults(tdef: dict, fmt: str) -> dict[str, Any]:
-    """Without a target, the CLI quantizes only what integer kernels read (QDQ output only)."""
-    if tdef or str(fmt).lower() != "qdq":
-        return {}
-    return {"QuantPlacement": "kernels"}
-
-
-def _calib_file(calib: str | None) -> Path | None:
-    """The file behind --calib (an array file, or the Python file of FILE.py:FUNC); None for a folder."""
-    if not calib:
-        return None
-    if Path(calib).is_file():
-        return Path(calib)
-    head = calib.rsplit(":", 1)[0] if ":" in calib else ""
-    return Path(head) if head and Path(head).is_file() else None
-
-
-def _fast_finetune_options(extra_options: dict[str, Any], algorithm: str | None, iters: int | None) -> None:
-    """Fold --fast-finetune/--fast-finetune-iters into extra_options (IncludeFastFT, FastFinetune)."""
-    if algorithm is None:
-        if iters is not None:
-            raise OptionError("--fast-finetune-iters needs --fast-finetune adaround or adaquant.")
-        return
-    if algorithm.lower() not in ("adaround", "adaquant"):
-        raise OptionError(f"--fast-finetune {algorithm!r}: use adaround or adaquant.")
-    ft = dict(extra_options.get("FastFinetune") or {})
-    ft["OptimAlgorithm"] = algorithm.lower()
-    if iters is not None:
-        ft["NumIterations"] = iters
-    extra_options.update(IncludeFastFT=True, FastFinetune=ft)
 
 
 def quantize(
@@ -308,44 +245,35 @@ def quantize(
         else {}
     )
     refuse_overwrites(
-        {"MODEL": model, "--calib": _calib_file(calib), "--config": config, "--load-stats": load_stats,
-         "--load-table": load_table, "--target": target_file(target), "--eval": _calib_file(eval_data)},
+        {"MODEL": model, "--calib": calib_file(calib), "--config": config, "--load-stats": load_stats,
+         "--load-table": load_table, "--target": target_file(target), "--eval": calib_file(eval_data)},
         {"OUTPUT": output, "--save-stats": save_stats, "--export-table": export_table,
          "the per-layer report": Path(f"{output}.report.json"), **search_outputs},
     )  # fmt: skip
-    if accuracy_budget is None and (
-        eval_data or metric != "cosine" or strict or input_shape or search_samples or search_order != "report"
-    ):
-        raise OptionError(
-            "--metric, --eval, --strict, --input-shape, --search-samples and --search-order go with "
-            "--accuracy-budget; add it or drop them."
-        )
-    if accuracy_budget is None and range_search:
-        raise OptionError("--range-search goes with --accuracy-budget; add it or drop --range-search.")
-    for flag, value in (
-        ("--search-bias-correction", search_bias_correction),
-        ("--search-thresholds", search_thresholds),
-        ("--search-finetune", search_finetune),
-    ):
-        if value not in ("try", "off"):
-            raise OptionError(f"{flag} {value!r}: use try or off.")
-        if accuracy_budget is None and value != "try":
-            raise OptionError(f"{flag} goes with --accuracy-budget; add it or drop {flag}.")
-    if search_finetune_seconds is not None and (accuracy_budget is None or search_finetune == "off"):
-        raise OptionError(
-            "--search-finetune-seconds bounds the search's fast finetune: it goes with --accuracy-budget "
-            "and --search-finetune try; drop it or add those."
-        )
+    check_search_flags(
+        accuracy_budget,
+        eval_data=eval_data,
+        metric=metric,
+        strict=strict,
+        input_shape=input_shape,
+        search_samples=search_samples,
+        search_order=search_order,
+        range_search=range_search,
+        search_bias_correction=search_bias_correction,
+        search_thresholds=search_thresholds,
+        search_finetune=search_finetune,
+        search_finetune_seconds=search_finetune_seconds,
+    )
     cfg_file = load_config_file(config) if config else {}
     proto = load_proto(model, load_external_data=False)  # quantize_static reads (maps) the weights
-    tdef = _target_defaults(target or cfg_file.get("target"))
+    tdef = target_defaults(target or cfg_file.get("target"))
     fmt = fmt or cfg_file.get("format", tdef.get("quant_format", "qdq"))
     extra_options = {
         "ReportHoldOut": True,  # the report on samples calibration did not see, when there are enough
         **tdef.get("extra_options", {}),
-        **_generic_defaults(tdef, fmt),
+        **generic_defaults(tdef, fmt),
         **cfg_file.get("extra_options", {}),
-        **_extra(extra),
+        **parse_extra(extra),
     }
     if placement is not None:
         extra_options["QuantPlacement"] = placement
@@ -365,7 +293,7 @@ def quantize(
             extra_options[key] = value if isinstance(value, bool | int) else str(value)
     if requantize:
         extra_options["PrequantRequantize"] = True
-    _fast_finetune_options(extra_options, fast_finetune, fast_finetune_iters)
+    fold_fast_finetune(extra_options, fast_finetune, fast_finetune_iters)
     if smooth_quant_alpha is not None and not smooth_quant:
         raise OptionError(
             "--smooth-quant-alpha has no effect without --smooth-quant; add it or drop the alpha."
@@ -412,9 +340,9 @@ def quantize(
             "or saved statistics with --load-stats."
         )
     preprocess = {
-        "size": tuple(int(v) for v in _floats(size, "--size")) if size else None,
-        "mean": _floats(mean, "--mean"),
-        "scale": _floats(scale, "--scale"),
+        "size": tuple(int(v) for v in parse_floats(size, "--size")) if size else None,
+        "mean": parse_floats(mean, "--mean"),
+        "scale": parse_floats(scale, "--scale"),
         "pixel_format": pixel_format,
         "layout": layout,
     }
