@@ -97,6 +97,28 @@ def test_dpu_recipe_corrects_biases() -> None:
     assert result.recovery["bias_correction"].layers == 2
 
 
+def test_a_layer_left_float_gets_its_float_bias_corrected() -> None:
+    """Conv_2 excluded: it runs in float on quantized inputs; its plain bias takes their mean error."""
+    model, feeds = small_cnn(), _feeds(8)
+    args = dict(nodes_to_exclude=["Conv_2"], **FORMATS["fixneuron"])
+    plain = zonnx.quantize_static(model, None, ListReader(feeds), **args)
+    fixed = zonnx.quantize_static(
+        model, None, ListReader(feeds), **args, extra_options={"BiasCorrection": True}
+    )
+    record = fixed.recovery["bias_correction"]
+    assert record.layers == 2 and record.candidates == 2
+
+    def bias(m: onnx.ModelProto) -> np.ndarray:
+        conv2 = next(n for n in m.graph.node if n.name == "Conv_2")
+        return next(onnx.numpy_helper.to_array(t) for t in m.graph.initializer if t.name == conv2.input[2])
+
+    assert np.array_equal(bias(plain.model), bias(model)) and not np.array_equal(
+        bias(fixed.model), bias(model)
+    )
+    before, after = _mean_error(model, plain.model, feeds), _mean_error(model, fixed.model, feeds)
+    assert after < 0.2 * before, (before, after)
+
+
 def test_all_at_once_is_measured_too() -> None:
     model, feeds = small_cnn(), _feeds(4)
     q = zonnx.quantize_static(model, None, ListReader(feeds)).model

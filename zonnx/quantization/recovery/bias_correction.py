@@ -27,8 +27,11 @@ level, with the same means and the same corrected model. Correcting all layers f
 (``sequential=False``) over-corrects: each layer also compensates for error that its upstream layers'
 corrections remove; on the zoo MobileNetV2 (FixNeuron, MinMSE, 8 samples) it dropped the in-sample logits
 SQNR from 10.3 to 3.0 dB where sequential correction raised it to 10.9 dB.
-MatMul has no bias input (a following Add is a separate op) and a layer without a bias is not given one:
-both are left alone, as is a layer whose bias is not quantized.
+A layer left float (excluded, or raised to float by the budget search: it runs on the CPU beside an NPU)
+whose bias is a plain initializer of its own gets the same correction, unrounded: its inputs still come
+through quantizers, and without it the mean error they carry passes through where its quantized version
+would have corrected it. MatMul has no bias input (a following Add is a separate op) and a layer without a
+bias is not given one: both are left alone, as is a bias shared with other nodes.
 """
 
 from __future__ import annotations
@@ -90,15 +93,22 @@ class BiasCorrectionRecord:
 @dataclasses.dataclass
 class _Layer:
     node: ir.Node
-    site: Site
+    site: Site | None  # None: a float bias (the layer is not quantized), corrected in place
     tensor: str
     float_tensor: str
     rank: int
     level: int = 0
+    float_bias: ir.Value | None = None
 
     @property
     def quantizer(self) -> Quantizer:
+        assert self.site is not None
         return self.site.quantizers[0]
+
+    @property
+    def source(self) -> ir.Value:
+        """The initializer the correction rewrites (the quantizer's float or code input, or the float bias)."""
+        return self.float_bias if self.site is None else self.quantizer.source
 
 
 def _ranks(proto: onnx.ModelProto) -> dict[str, int]:
@@ -126,7 +136,7 @@ def _candidates(
         site = graph.input_site(bias)
         why = None
         if site is None:
-            why = "its bias is not quantized"
+            why = _float_bias_problem(bias, node)
         elif len(site.quantizers) != 1 or site.quantizers[0].locked:
             why = site.quantizers[0].locked or f"bias {site.name!r} has {len(site.quantizers)} quantizers"
         elif node.name not in float_out:
@@ -137,11 +147,22 @@ def _candidates(
             if rank is None or rank < 2:
                 why = f"the rank of {out.name!r} is unknown"
             else:
-                found.append(_Layer(node, site, out.name, float_out[node.name], rank))
+                float_bias = bias if site is None else None
+                found.append(_Layer(node, site, out.name, float_out[node.name], rank, float_bias=float_bias))
                 continue
         skipped.append(f"{label(node)}: {why}")
     _levels(model, found)
     return found, skipped
+
+
+def _float_bias_problem(bias: ir.Value, node: ir.Node) -> str | None:
+    """Why an unquantized bias cannot be corrected in place (None when it can)."""
+    arr = const_array(bias)
+    if arr is None or not bias.is_initializer() or arr.dtype.kind != "f":
+        return "its bias is neither quantized nor a float initializer"
+    if bias.is_graph_output() or any(u.node is not node for u in bias.uses()):
+        return f"its float bias {bias.name!r} is read by other nodes too"
+    return None
 
 
 def _levels(model: ir.Model, layers: list[_Layer]) -> None:
@@ -189,6 +210,8 @@ class _Corrector:
 
     def apply(self, layer: _Layer, e: np.ndarray) -> tuple[bool, bool]:
         """Correct one bias by ``e``; returns (changed, position moved)."""
+        if layer.site is None:
+            return self._plain(layer, np.asarray(e, np.float64)), False
         q = layer.quantizer
         current = const_array(q.source)
         delta = _along_last(np.asarray(e, np.float64), tuple(current.shape))
@@ -236,6 +259,20 @@ class _Corrector:
         lo, hi = (qmin - zp) * scale, (qmax - zp) * scale
         self.clipped += int(np.count_nonzero((wanted < lo - scale / 2) | (wanted > hi + scale / 2)))
         return self._store(q, wanted.astype(b.dtype), b), moved
+
+    def _plain(self, layer: _Layer, e: np.ndarray) -> bool:
+        """A float bias: ``b + e`` stored as it is (no grid)."""
+        bias = layer.source
+        current = np.asarray(const_array(bias))
+        delta = _along_last(e, tuple(current.shape))
+        if delta is None:
+            return False
+        array = (current.astype(np.float64) + delta).astype(current.dtype)
+        if np.array_equal(array, current):
+            return False
+        bias.const_value = ir.tensor(array, name=bias.name)
+        self.overrides[bias.name] = array
+        return True
 
     def _fitting_pos(self, layer: _Layer, wanted: np.ndarray, qmin: int, qmax: int) -> int | None:
         """The largest position <= the current one whose grid holds ``wanted``, within the shift_bias rule."""
@@ -310,7 +347,7 @@ def correct_biases(
     fix = _Corrector(model, graph, target)
 
     def probe(proto: onnx.ModelProto) -> ChannelProbe:
-        sources = [x.quantizer.source.name for x in layers]
+        sources = [x.source.name for x in layers]
         return ChannelProbe(
             proto,
             {x.tensor: x.rank for x in layers},
@@ -350,7 +387,7 @@ def correct_biases(
             moved_any |= moved
         rebuilt |= moved_any
         if runs is not None and i + 1 < len(order):
-            names = [x.quantizer.source.name for x in fixed]
+            names = [x.source.name for x in fixed]
             if moved_any or any(n not in runs.initializers for n in names):
                 runs.set_model(to_proto(model))  # a position or an initializer's name changed
             else:
