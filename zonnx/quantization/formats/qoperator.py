@@ -32,7 +32,6 @@ from __future__ import annotations
 
 __all__ = ["QOperatorCounts", "qdq_to_qoperator", "INTEGER_OPS", "LATENT_OPS"]
 
-import dataclasses
 import logging
 from collections import Counter
 
@@ -41,6 +40,14 @@ import onnx_ir as ir
 
 from zonnx.ir.io import default_opset
 from zonnx.quantization.formats.common import ValueIndex, add_initializer, ensure_opset
+from zonnx.quantization.formats.qoperator_params import (
+    INT8_CODES,
+    QParams,
+    const_value,
+    dequantized,
+    qdq_params,
+    softmax_y_scale,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +69,6 @@ LATENT_OPS: dict[str, int] = {
 }
 _ACTS = ("Relu", "Clip")
 _PLUMBING = ("QuantizeLinear", "DequantizeLinear", "Constant")
-_INT8 = {ir.DataType.INT8: (-128, 127, np.int8), ir.DataType.UINT8: (0, 255, np.uint8)}
 _Bounds = tuple[int | None, int | None]
 
 
@@ -73,71 +79,6 @@ class QOperatorCounts(Counter[str]):
     def __init__(self) -> None:
         super().__init__()
         self.misses: list[str] = []
-
-
-@dataclasses.dataclass(frozen=True)
-class _QP:
-    """Parameters of one QuantizeLinear/DequantizeLinear node."""
-
-    scale_v: ir.Value
-    zp_v: ir.Value | None
-    scale: np.ndarray
-    zp: np.ndarray
-    dtype: ir.DataType
-    axis: int
-
-    @property
-    def per_tensor(self) -> bool:
-        return self.scale.size == 1
-
-    def same(self, other: _QP) -> bool:
-        def key(p: _QP) -> tuple:
-            return p.dtype, p.scale.ravel().tobytes(), p.zp.ravel().tobytes(), p.per_tensor or p.axis
-
-        return key(self) == key(other)
-
-    def quantize(self, x: float) -> int:
-        """Q(x) as QuantizeLinear computes it (float32 divide, round half to even, saturate)."""
-        lo, hi, _ = _INT8[self.dtype]
-        return int(np.clip(np.rint(np.float32(x) / self.scale.ravel()[0]) + int(self.zp.ravel()[0]), lo, hi))
-
-
-def _const(value: ir.Value | None) -> np.ndarray | None:
-    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
-    return None if tensor is None else tensor.numpy()
-
-
-def _params(node: ir.Node) -> _QP | None:
-    """Constant per-tensor or per-axis parameters of a default-domain Q/DQ node, else None."""
-    if node.domain not in ("", "ai.onnx") or len(node.inputs) < 2 or node.attributes.get_int("block_size", 0):
-        return None
-    scale, zp_v = _const(node.inputs[1]), node.inputs[2] if len(node.inputs) > 2 else None
-    zp = _const(zp_v)
-    if scale is None or scale.ndim > 1 or (zp_v is not None and zp is None):
-        return None
-    if zp is not None:
-        dtype = zp_v.dtype or ir.DataType.from_numpy(zp.dtype)
-    elif node.op_type == "DequantizeLinear" and node.inputs[0].dtype is not None:
-        dtype = node.inputs[0].dtype
-    else:
-        dtype = ir.DataType(node.attributes.get_int("output_dtype", ir.DataType.UINT8))
-    zp = np.zeros(scale.shape, np.int64) if zp is None else zp.astype(np.int64)
-    return _QP(node.inputs[1], zp_v, scale.astype(np.float32), zp, dtype, node.attributes.get_int("axis", 1))
-
-
-def _softmax_y_scale(scale: np.float32) -> np.float32:
-    """y_scale for QLinearSoftmax, which multiplies by floor(1/y_scale): when 1/scale is an integer k up
-    to float32 rounding (1/255 gives 254.99998), the largest float32 whose reciprocal floors to k."""
-    k, y = np.rint(np.float32(1) / scale), np.float32(scale)
-    while abs(np.float32(1) / scale - k) < 1e-3 and np.floor(np.float32(1) / y) < k:
-        y = np.nextafter(y, np.float32(0))
-    return y
-
-
-def _dq(value: ir.Value | None) -> tuple[ir.Node, _QP] | None:
-    node = value.producer() if value is not None else None
-    qp = _params(node) if node is not None and node.op_type == "DequantizeLinear" else None
-    return None if qp is None else (node, qp)
 
 
 class _Converter:
@@ -154,11 +95,11 @@ class _Converter:
     def init(self, base: str, array: np.ndarray, dtype: ir.DataType | None = None) -> ir.Value:
         return add_initializer(self.graph, self.index, base, array, dtype)
 
-    def zp(self, qp: _QP, shape: tuple[int, ...] | None = None) -> ir.Value:
+    def zp(self, qp: QParams, shape: tuple[int, ...] | None = None) -> ir.Value:
         """The zero-point value (a new initializer when the Q/DQ had none or a reshape is needed)."""
         if qp.zp_v is not None and shape is None:
             return qp.zp_v
-        arr = qp.zp.astype(_INT8[qp.dtype][2]).reshape(shape if shape is not None else qp.scale.shape)
+        arr = qp.zp.astype(INT8_CODES[qp.dtype][2]).reshape(shape if shape is not None else qp.scale.shape)
         return self.init(f"{qp.scale_v.name}_zp", arr, qp.dtype)
 
     def codes_value(self, like: ir.Value, dtype: ir.DataType, suffix: str = "_quantized") -> ir.Value:
@@ -171,56 +112,56 @@ class _Converter:
         self.counts.misses.append(f"{node.name or node.outputs[0].name} ({node.op_type}): {reason}")
 
     @staticmethod
-    def output_q(value: ir.Value) -> tuple[list[ir.Node], _QP] | str:
+    def output_q(value: ir.Value) -> tuple[list[ir.Node], QParams] | str:
         """The Q nodes reading ``value`` (all of its uses) and their shared parameters."""
         uses = value.uses()
         qs = [u.node for u in uses if u.node.op_type == "QuantizeLinear" and u.idx == 0]
         if value.is_graph_output() or not qs or len(qs) != len(uses):
             return f"output {value.name} is not read only by QuantizeLinear"
-        params = [_params(q) for q in qs]
+        params = [qdq_params(q) for q in qs]
         if any(p is None or not p.same(params[0]) for p in params) or not params[0].per_tensor:
             return f"output {value.name}: its QuantizeLinear parameters differ or are per-channel"
-        if params[0].dtype not in _INT8:
+        if params[0].dtype not in INT8_CODES:
             return f"output {value.name} is {params[0].dtype.name}; the integer ops take 8-bit codes"
         return qs, params[0]
 
     @staticmethod
-    def acts(node: ir.Node, which: tuple[int, ...]) -> list[tuple[ir.Node, _QP]] | str:
+    def acts(node: ir.Node, which: tuple[int, ...]) -> list[tuple[ir.Node, QParams]] | str:
         """DQ producers of the given inputs, each per-tensor 8-bit, else a reason."""
         found = []
         for i in which:
-            f = _dq(node.inputs[i]) if i < len(node.inputs) else None
+            f = dequantized(node.inputs[i]) if i < len(node.inputs) else None
             if f is None:
                 return f"input {i} is not a DequantizeLinear output with constant parameters"
-            if not f[1].per_tensor or f[1].dtype not in _INT8:
+            if not f[1].per_tensor or f[1].dtype not in INT8_CODES:
                 return f"input {i} ({node.inputs[i].name}) is not per-tensor 8-bit"
             found.append(f)
         return found
 
-    def clip_bounds(self, act: ir.Node, qp: _QP) -> _Bounds | str:
+    def clip_bounds(self, act: ir.Node, qp: QParams) -> _Bounds | str:
         """Code bounds (Q(lo), Q(hi)) of a Relu/Clip at ``qp``; None where saturation already clips."""
         lo, hi = 0.0, None
         if act.op_type == "Clip" and self.opset < 11:
             lo, hi = act.attributes.get_float("min", None), act.attributes.get_float("max", None)
         elif act.op_type == "Clip":
             given = [*act.inputs[1:3], None, None][:2]
-            arrays = [_const(v) for v in given]
+            arrays = [const_value(v) for v in given]
             if any(v is not None and a is None for v, a in zip(given, arrays, strict=True)):
                 return f"{act.name}: Clip bounds are not constant"
             lo, hi = (None if a is None else float(a) for a in arrays)
-        qmin, qmax, _ = _INT8[qp.dtype]
+        qmin, qmax, _ = INT8_CODES[qp.dtype]
         qlo = None if lo is None or qp.quantize(lo) <= qmin else qp.quantize(lo)
         qhi = None if hi is None or qp.quantize(hi) >= qmax else qp.quantize(hi)
         if (qlo is not None or qhi is not None) and self.opset < 12:
             return f"{act.name}: a Clip on int8/uint8 codes needs opset 12 (model has {self.opset})"
         return qlo, qhi
 
-    def apply_clip(self, codes: ir.Value, act: ir.Node, bounds: _Bounds, qp: _QP) -> ir.Value:
+    def apply_clip(self, codes: ir.Value, act: ir.Node, bounds: _Bounds, qp: QParams) -> ir.Value:
         """clip(codes, *bounds) as a Clip node after the codes' producer; ``codes`` when both are None."""
         if bounds == (None, None):
             self.counts[f"dropped {act.op_type}"] += 1
             return codes
-        name, np_type = act.name or act.outputs[0].name, _INT8[qp.dtype][2]
+        name, np_type = act.name or act.outputs[0].name, INT8_CODES[qp.dtype][2]
         limits = [
             None if b is None else self.init(f"{name}_{k}", np.asarray(b, np_type), qp.dtype)
             for k, b in zip(("min", "max"), bounds, strict=True)
@@ -286,7 +227,7 @@ class _Converter:
             if done is not None and not any(v.uses() for v in done.outputs):
                 self.graph.remove(done, safe=True)
 
-    def latent(self, node: ir.Node, outs: list[_QP]) -> list[ir.Value] | str:
+    def latent(self, node: ir.Node, outs: list[QParams]) -> list[ir.Value] | str:
         """``node`` re-created on the codes (the rule in the module docstring)."""
         op = node.op_type
         if self.opset < LATENT_OPS[op]:
@@ -297,7 +238,7 @@ class _Converter:
         (dq, qp), out = found[0], outs[0]
         if not all(qp.same(o) for o in outs):
             return "input and output quantization parameters differ"
-        if any(_dq(v) is not None for v in node.inputs[1:]):
+        if any(dequantized(v) is not None for v in node.inputs[1:]):
             return "only input 0 may be quantized"
         if op in _ACTS and self.float_activations:
             return "symmetric activations: a Relu/Clip of its own runs in float between DQ and Q (ORT's rule)"
@@ -309,10 +250,10 @@ class _Converter:
         extra = list(node.inputs[1:])
         if op == "Pad" and node.attributes.get_string("mode", "constant") == "constant":
             given = extra[1] if len(extra) > 1 else None
-            v = _const(given) if given is not None else np.zeros(())
+            v = const_value(given) if given is not None else np.zeros(())
             if v is None:
                 return "Pad constant value is not constant"
-            code = np.asarray(out.quantize(float(v)), _INT8[out.dtype][2])
+            code = np.asarray(out.quantize(float(v)), INT8_CODES[out.dtype][2])
             extra = [extra[0], self.init(f"{node.name or 'Pad'}_pad_code", code, out.dtype), *extra[2:]]
         codes = [self.codes_value(v, out.dtype) for v in node.outputs]
         new = ir.node(op, [dq.inputs[0], *extra], dict(node.attributes), outputs=codes, name=node.name)
@@ -320,16 +261,16 @@ class _Converter:
         self.counts[f"{op} on codes"] += 1
         return codes
 
-    def integer(self, node: ir.Node, out: _QP) -> list[ir.Value] | str:
+    def integer(self, node: ir.Node, out: QParams) -> list[ir.Value] | str:
         """The integer op for ``node`` (INTEGER_OPS) with its inputs in the kernel's order."""
         op, attrs = node.op_type, dict(node.attributes)
         if op == "AveragePool" and "dilations" in attrs:
             return "QLinearAveragePool has no dilations attribute"
         y = [out.scale_v, self.zp(out)]
         if op == "Softmax":
-            y_scale = _softmax_y_scale(out.scale.ravel()[0])
+            y_scale = softmax_y_scale(out.scale.ravel()[0])
             top = int(out.zp.ravel()[0]) + int(np.floor(np.float32(1) / y_scale))
-            if top > _INT8[out.dtype][1]:
+            if top > INT8_CODES[out.dtype][1]:
                 return f"QLinearSoftmax would write zero point + floor(1/y_scale) = {top}, past the maximum"
             if y_scale != out.scale.ravel()[0]:
                 y[0] = self.init(f"{out.scale_v.name}_softmax", y_scale)
@@ -373,14 +314,14 @@ class _Converter:
         self.counts[qop] += 1
         return [codes]
 
-    def weights(self, node: ir.Node, x: _QP) -> tuple[list, list] | str:
+    def weights(self, node: ir.Node, x: QParams) -> tuple[list, list] | str:
         """Weight (codes, scale, zero point) and bias list of QLinearConv, QLinearMatMul or QGemm."""
         op = node.op_type
-        found = _dq(node.inputs[1])
+        found = dequantized(node.inputs[1])
         if found is None:
             return "input 1 is not a DequantizeLinear output with constant parameters"
         wdq, w = found
-        if w.dtype not in _INT8 or (x.dtype == ir.DataType.INT8 and w.dtype != ir.DataType.INT8):
+        if w.dtype not in INT8_CODES or (x.dtype == ir.DataType.INT8 and w.dtype != ir.DataType.INT8):
             return f"{x.dtype.name} activations with {w.dtype.name} weights have no ORT kernel"
         scale, zp = w.scale_v, self.zp(w)
         if not w.per_tensor:
@@ -401,22 +342,22 @@ class _Converter:
             bias = [b]
         return [wdq.inputs[0], scale, zp], bias
 
-    def bias(self, node: ir.Node, x: _QP, w: _QP) -> ir.Value | str:
+    def bias(self, node: ir.Node, x: QParams, w: QParams) -> ir.Value | str:
         """Int32 bias at alpha * s_x * s_w (see the module docstring)."""
         alpha = node.attributes.get_float("alpha", 1.0) if node.op_type == "Gemm" else 1.0
         beta = node.attributes.get_float("beta", 1.0) if node.op_type == "Gemm" else 1.0
         want = (x.scale.ravel()[0] * w.scale.ravel() * np.float32(alpha)).astype(np.float32)
-        found = _dq(node.inputs[2])
+        found = dequantized(node.inputs[2])
         if found is not None:
             bdq, b = found
-            codes = _const(bdq.inputs[0])
+            codes = const_value(bdq.inputs[0])
             if codes is None or b.dtype != ir.DataType.INT32 or np.any(b.zp != 0):
                 return "bias is not constant int32 codes with zero point 0"
             if beta == 1.0 and np.array_equal(np.broadcast_to(b.scale.ravel(), want.shape), want):
                 return bdq.inputs[0]
             floats = codes.astype(np.float64) * b.scale.astype(np.float64).reshape(-1)
         else:
-            floats = _const(node.inputs[2])
+            floats = const_value(node.inputs[2])
             if floats is None:
                 return "bias is neither quantized nor constant"
         q = np.clip(np.rint(beta * floats.astype(np.float64) / want.astype(np.float64)), -(2**31), 2**31 - 1)
@@ -450,7 +391,9 @@ def qdq_to_qoperator(model: ir.Model, *, float_activations: bool = False) -> QOp
     for node in list(model.graph):
         if node.graph is None or node.op_type in _PLUMBING or node.domain not in ("", "ai.onnx"):
             continue
-        if any(_dq(v) is not None for v in node.inputs):  # else a float op that reads no quantized tensor
+        if any(
+            dequantized(v) is not None for v in node.inputs
+        ):  # else a float op that reads no quantized tensor
             conv.convert(node)
     conv.cleanup()
     logger.info("QOperator: %s; %d groups left as DQ -> op -> Q", dict(conv.counts), len(conv.counts.misses))
