@@ -17,9 +17,9 @@ window for its global pools, yet the NPU compiles one fixed shape and scales by 
 ``sample_pool_kernels`` reads the windows off the calibration samples' shapes (shape inference with the
 inputs fixed to them, when every sample has the same shape); the pass then scales those pools as the NPU
 will for inputs of that shape, and says so. Without it the fake-quant model would divide exactly where
-the NPU multiplies by ``k/2^n``: on PP-OCRv4 rec for dpu-b4096 (two 6x80 squeeze-excite pools, factor 17/2^13) the
-two then differ by one code in places at each pool, which grows to a cosine of 0.93 deeper in (one line),
-and every recovery step tuned on the fake-quant model aims at the wrong network.
+the NPU multiplies by ``k/2^n``: on PP-OCRv4 rec for dpu-b4096 (two 6x80 squeeze-excite pools, factor
+17/2^13) the two then differ by one code in places at each pool, which grows to a cosine of 0.93 deeper
+in (one line), and every recovery step tuned on the fake-quant model aims at the wrong network.
 """
 
 from __future__ import annotations
@@ -147,22 +147,29 @@ class AvgPoolFactorPass(RefinePass):
 def sample_pool_kernels(
     float_model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
 ) -> tuple[dict[str, tuple[int, int]], str]:
-    """Rule: the window of every 2-D average pool whose input's spatial shape the model leaves open, as
-    shape inference gives it with the graph inputs fixed to the samples' shapes; ({}, why) when the
-    samples differ in shape or the windows cannot be inferred."""
-    pools = [
-        n
-        for n in float_model.graph.node
-        if n.op_type in ("AveragePool", "GlobalAveragePool") and n.domain in ("", "ai.onnx")
-    ]
+    """Rule: the window of every 2-D global average pool whose input's spatial shape the model leaves
+    open, as shape inference gives it with the graph inputs fixed to the samples' shapes; ({}, why) when
+    the samples differ in shape or the windows cannot be inferred. (An AveragePool's window is its
+    ``kernel_shape``; a pool over another rank is not scaled.)"""
     known = {v.name: v for v in (*float_model.graph.value_info, *float_model.graph.input)}
 
-    def static(name: str) -> bool:
+    def dims(name: str) -> list | None:
         v = known.get(name)
-        dims = v.type.tensor_type.shape.dim if v is not None else []
-        return len(dims) == 4 and all(d.HasField("dim_value") for d in dims[2:])
+        shape = v.type.tensor_type.shape if v is not None and v.type.tensor_type.HasField("shape") else None
+        return list(shape.dim) if shape is not None else None
 
-    open_pools = [n for n in pools if n.op_type == "GlobalAveragePool" and not static(n.input[0])]
+    def static(name: str) -> bool:
+        d = dims(name)
+        return d is not None and len(d) == 4 and all(x.HasField("dim_value") for x in d[2:])
+
+    open_pools = [
+        n
+        for n in float_model.graph.node
+        if n.op_type == "GlobalAveragePool"
+        and n.domain in ("", "ai.onnx")
+        and (dims(n.input[0]) is None or len(dims(n.input[0])) == 4)
+        and not static(n.input[0])
+    ]
     if not open_pools:
         return {}, _ALL_STATIC
     if not feeds:
@@ -175,13 +182,14 @@ def sample_pool_kernels(
     del probe.graph.value_info[:]
     for value in probe.graph.input:
         if value.name in shapes:
-            dims = value.type.tensor_type.shape.dim
-            if len(dims) != len(shapes[value.name]):
+            input_dims = value.type.tensor_type.shape.dim
+            if len(input_dims) != len(shapes[value.name]):
                 return (
                     {},
-                    f"input {value.name!r} has rank {len(dims)} but the samples have {len(shapes[value.name])}",
+                    f"input {value.name!r} has rank {len(input_dims)} but the samples have "
+                    f"{len(shapes[value.name])}",
                 )
-            for dim, size in zip(dims, shapes[value.name], strict=True):
+            for dim, size in zip(input_dims, shapes[value.name], strict=True):
                 dim.Clear()
                 dim.dim_value = int(size)
     try:
@@ -192,8 +200,8 @@ def sample_pool_kernels(
     kernels: dict[str, tuple[int, int]] = {}
     for node in open_pools:
         if static(node.input[0]):
-            dims = known[node.input[0]].type.tensor_type.shape.dim
-            kernels[node.name] = (int(dims[2].dim_value), int(dims[3].dim_value))
+            spatial = dims(node.input[0])[2:]
+            kernels[node.name] = (int(spatial[0].dim_value), int(spatial[1].dim_value))
     return kernels, "" if kernels else "shape inference with the samples' shapes left the windows open"
 
 
