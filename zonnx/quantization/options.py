@@ -208,9 +208,8 @@ def parse_extra_options(extra: Mapping[str, Any] | None) -> ExtraOptions:
                 f"extra_options: unknown key {key!r}.{did_you_mean(key, known)} Known keys: {', '.join(known)}."
             )
         field, types = KNOWN_KEYS[key]
-        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-            raise OptionError(f"extra_options[{key!r}] = {value!r}: expected {type_names(types)}.")
-        if not isinstance(value, types):
+        tupled = types if isinstance(types, tuple) else (types,)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in tupled):
             raise OptionError(f"extra_options[{key!r}] = {value!r}: expected {type_names(types)}.")
         if isinstance(value, list):
             value = tuple(value)
