@@ -144,6 +144,22 @@ class AvgPoolFactorPass(RefinePass):
             scaled.name = original
 
 
+def _declared_dims(model: onnx.ModelProto) -> dict[str, list]:
+    """Declared dims by tensor name (value_info and graph inputs), for tensors with a shape."""
+    values = (*model.graph.value_info, *model.graph.input)
+    return {
+        v.name: list(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")
+    }
+
+
+def _window(declared: Mapping[str, list], name: str) -> tuple[int, int] | None:
+    """(H, W) of a rank-4 tensor whose spatial dims are static, else None."""
+    dims = declared.get(name)
+    if dims is None or len(dims) != 4 or not all(d.HasField("dim_value") for d in dims[2:]):
+        return None
+    return int(dims[2].dim_value), int(dims[3].dim_value)
+
+
 def sample_pool_kernels(
     float_model: onnx.ModelProto, feeds: Sequence[Mapping[str, Any]]
 ) -> tuple[dict[str, tuple[int, int]], str]:
@@ -151,24 +167,14 @@ def sample_pool_kernels(
     open, as shape inference gives it with the graph inputs fixed to the samples' shapes; ({}, why) when
     the samples differ in shape or the windows cannot be inferred. (An AveragePool's window is its
     ``kernel_shape``; a pool over another rank is not scaled.)"""
-    known = {v.name: v for v in (*float_model.graph.value_info, *float_model.graph.input)}
-
-    def dims(name: str) -> list | None:
-        v = known.get(name)
-        shape = v.type.tensor_type.shape if v is not None and v.type.tensor_type.HasField("shape") else None
-        return list(shape.dim) if shape is not None else None
-
-    def static(name: str) -> bool:
-        d = dims(name)
-        return d is not None and len(d) == 4 and all(x.HasField("dim_value") for x in d[2:])
-
+    declared = _declared_dims(float_model)
     open_pools = [
         n
         for n in float_model.graph.node
         if n.op_type == "GlobalAveragePool"
         and n.domain in ("", "ai.onnx")
-        and (dims(n.input[0]) is None or len(dims(n.input[0])) == 4)
-        and not static(n.input[0])
+        and len(declared.get(n.input[0], [None] * 4)) == 4  # rank 4, or not declared
+        and _window(declared, n.input[0]) is None
     ]
     if not open_pools:
         return {}, _ALL_STATIC
@@ -196,12 +202,8 @@ def sample_pool_kernels(
         inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
     except Exception as e:  # noqa: BLE001 - any inference failure leaves the pools as they are
         return {}, f"shape inference with the samples' shapes failed: {str(e).splitlines()[0]}"
-    known = {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.input)}
-    kernels: dict[str, tuple[int, int]] = {}
-    for node in open_pools:
-        if static(node.input[0]):
-            spatial = dims(node.input[0])[2:]
-            kernels[node.name] = (int(spatial[0].dim_value), int(spatial[1].dim_value))
+    found = _declared_dims(inferred)
+    kernels = {n.name: w for n in open_pools if (w := _window(found, n.input[0])) is not None}
     return kernels, "" if kernels else "shape inference with the samples' shapes left the windows open"
 
 
