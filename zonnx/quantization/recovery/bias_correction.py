@@ -80,7 +80,7 @@ class BiasCorrectionRecord:
 
     def summary(self) -> str:
         if not self.layers:
-            return "bias correction: no quantized bias to correct; model unchanged"
+            return "bias correction: no bias to correct; model unchanged"
         extra = f", {self.clipped} saturated" if self.clipped else ""
         extra += f", {self.moved_positions} bias position(s) widened" if self.moved_positions else ""
         return (
@@ -336,7 +336,7 @@ def correct_biases(
     if not layers or not feeds:
         logger.warning(
             "bias correction: %s; nothing changed",
-            "no calibration samples" if layers else "no Conv/ConvTranspose/Gemm with a quantized bias",
+            "no calibration samples" if layers else "no Conv/ConvTranspose/Gemm with a bias it can correct",
         )
         return record
     reference = ChannelProbe(
