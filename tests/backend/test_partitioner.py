@@ -125,10 +125,13 @@ def test_ppocr(models: Models, name: str, form: str, shape: tuple[int, ...]) -> 
         part = partition(model, cap)
         assert acyclic(model, part), target
         assert part.npu_nodes + sum(1 for n in part.cpu_nodes if not part.subgraph_of(n)) == part.total_nodes
-        assert all(s.ops >= 2 for s in part.subgraphs)
+        # the size rule: at least min_nodes ops, or one op worth the round trip (min_macs)
+        assert all(s.ops >= part.min_nodes or s.macs >= part.min_macs for s in part.subgraphs)
         if target == "dpu-b4096" and form == "fix":
             assert part.num_subgraphs > 10 and part.mac_share > 0.9
-            assert any(r == "op_type" and "Clip" in part.cpu_nodes[n] for n, r in part.rules.items())
+            # HardSwish (fused from paddle2onnx's four nodes when quantizing for a target) is an activation
+            # the DPU applies inside a convolution only: standalone, it runs on the CPU
+            assert any(r == "op_type" and "HardSwish" in part.cpu_nodes[n] for n, r in part.rules.items())
 
 
 def test_report(models: Models) -> None:

@@ -378,3 +378,37 @@ def test_mse_thresholds_are_not_tried_over_a_chosen_method(digits: Path, tmp_pat
         eval_feeds=digits_feeds(16, 100),
     )
     assert result.thresholds is None and 'method = "mse"' in config_path.read_text()
+
+
+def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_path: Path) -> None:
+    """PP-OCRv4 rec on dpu-b4096 (no int16): the 6625-class head already runs on the CPU (4.6% of MACs),
+    so the layers raised together may hold only what is left of the 10% allowance; when raising them all
+    misses (a budget of 0 always does), the MAC-free layers of the order are scored alone as well."""
+    from zonnx.build_npu import target_quantize_kwargs
+    from zonnx.inspection.macs import node_macs_by_name
+    from zonnx.ir.io import to_ir
+    from zonnx.quantization.prepare import prepare_for_quantization
+    from zonnx.zoo.text_images import rec_samples
+
+    shape = (1, 3, 48, 320)
+    feeds = [f for _, f in rec_samples(16, seed=5) if f["x"].shape == shape]
+    cfg = build_config(**target_quantize_kwargs("dpu-b4096"))
+    _, result, _ = quantize_with_budget(
+        zoo.get("ppocr_rec"), tmp_path / "rec.onnx", feeds[:4], cfg, budget=0.0,
+        metric="cosine", eval_feeds=feeds[4:6], max_layers=400,
+        input_shapes={"x": list(shape)}, min_npu_share=0.9, finetune_trial="off",
+    )  # fmt: skip
+    assert result.precision == "float" and not result.met
+    assert 0.94 < result.baseline.npu_mac_share < 0.96
+    top, alone = result.candidates[0], result.candidates[1]
+    assert len(result.candidates) == 2 and alone.raised < top.raised
+    prepared = to_ir(onnx.load(str(zoo.get("ppocr_rec"))))  # the graph whose node names the search raises
+    prepare_for_quantization(prepared, cfg)
+    macs = node_macs_by_name(prepared, {"x": list(shape)})
+    assert all(n in macs for c in (top, alone) for n in c.overrides)
+    raised_macs = sum(macs.get(n) or 0 for n in top.overrides)
+    total = sum(m for m in macs.values() if m)
+    assert raised_macs <= (result.baseline.npu_mac_share - 0.9) * total * 1.001
+    assert all(macs[n] == 0 for n in alone.overrides)
+    eligible = [c for c in [result.baseline, top, alone] if c.npu_mac_share >= 0.9]
+    assert result.chosen is max(eligible, key=lambda c: c.score)

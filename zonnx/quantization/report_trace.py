@@ -13,7 +13,8 @@ quantized model are traced to float-model tensors in topological order:
   here with the op's output scale and zero point);
 - ops that only move or select values (Reshape, MaxPool, Concat, Clip...) on codes give codes;
 - any other op: a float tensor of the same name produced by the same op type (writers keep activation
-  names), else the float node found as for integer ops; nothing when neither exists.
+  names), or by an op the preparation passes fold into it with the name kept (``_RENAMED``: a constant
+  Mul/Add folded into the Conv before it, the Div/Mul ending a decomposed hard-swish), else the float node found as for integer ops; nothing when neither exists.
 
 A traced float tensor is then followed through the float ops the quantized graph folded or dropped after
 it (Relu/Clip fused into the op before them, BatchNormalization folded into a Conv, Identity): while its
@@ -50,6 +51,12 @@ _CODE_OPS = frozenset({
     "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather", "Split", "Relu",
     "Clip", "MaxPool", "GlobalMaxPool", "Resize", "Pad", "Concat", "DepthToSpace", "SpaceToDepth", "Expand", "Tile",
 })  # fmt: skip
+#: Op type in the quantized graph -> float op types whose output it may hold under the same name: the
+#: target preparation folds a constant Mul/Add after a Conv into it (``fold-conv-affine``) and writes a
+#: decomposed hard-swish or hard-sigmoid as one op ending where the Div/Mul ended (``fuse-hardswish``).
+_RENAMED = {
+    "Conv": frozenset({"Mul", "Add"}), "HardSwish": frozenset({"Div", "Mul"}), "HardSigmoid": frozenset({"Div", "Mul"}),
+}  # fmt: skip
 CodeParams = tuple[np.ndarray, np.ndarray, int | None]  # scale, zero point, axis
 
 
@@ -201,11 +208,14 @@ class Tracer:
         return None
 
     def _same_tensor(self, node: ir.Node, name: str) -> bool:
-        """A float tensor of that name exists and comes from the same op (or from a folded op after it)."""
+        """A float tensor of that name exists and comes from the same op (or from a folded op after it, or
+        from an op ``_RENAMED`` says the preparation folded into this one)."""
         producer = self.producer.get(name)
         while producer is not None and producer.op_type != node.op_type and producer.op_type in _FOLDED:
             producer = self.producer.get(producer.inputs[0].name) if producer.inputs[0] is not None else None
-        return producer is not None and producer.op_type == node.op_type
+        if producer is None:
+            return False
+        return producer.op_type == node.op_type or producer.op_type in _RENAMED.get(node.op_type, ())
 
     def _folded_tail(self, tensor: str, out: ir.Value) -> str:
         """Follow the float chain of Relu/Clip/BatchNormalization/Identity after ``tensor`` while the

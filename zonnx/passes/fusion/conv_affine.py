@@ -41,6 +41,7 @@ from zonnx.passes.fusion.matching import (
     producer,
     prune,
     replace_value,
+    replace_with_meaning,
     run_rules,
 )
 
@@ -157,8 +158,7 @@ class OutputScale(_OutputRule):
         assert a is not None
         shape = (-1,) + (1,) * (w.ndim - 1)
         _set_params(ctx, m.conv, w.astype(np.float64) * a.reshape(shape), b * a, w.dtype)
-        replace_value(m.node.outputs[0], m.conv.outputs[0])
-        drop([m.node])
+        replace_with_meaning(m.node.outputs[0], m.conv.outputs[0], [m.node])
 
 
 class OutputOffset(_OutputRule):
@@ -172,8 +172,7 @@ class OutputOffset(_OutputRule):
         d = _channels(const_array(m.const), w.ndim, w.shape[0])
         assert d is not None
         _set_params(ctx, m.conv, w, b.astype(np.float64) + d, w.dtype)
-        replace_value(m.node.outputs[0], m.conv.outputs[0])
-        drop([m.node])
+        replace_with_meaning(m.node.outputs[0], m.conv.outputs[0], [m.node])
 
 
 class InputAffine(_ConvRule):

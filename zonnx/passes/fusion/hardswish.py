@@ -32,13 +32,12 @@ from zonnx.passes.fusion.matching import (
     Context,
     Rule,
     consumer,
-    drop,
     exclusive,
     is_close,
     label,
     other_input,
     producer,
-    replace_value,
+    replace_with_meaning,
     run_rules,
     scalar,
 )
@@ -125,8 +124,7 @@ class DecomposedHardSwish(Rule[_Match]):
             node = ir.node("HardSigmoid", [m.x], attributes={"alpha": _SIXTH, "beta": 0.5})
             key = "fused HardSigmoid"
         graph.insert_before(last, node)
-        replace_value(last.outputs[0], node.outputs[0])
-        drop(m.nodes)
+        replace_with_meaning(last.outputs[0], node.outputs[0], m.nodes)
         return key
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "consumer",
     "exclusive",
     "replace_value",
+    "replace_with_meaning",
     "drop",
     "prune",
     "set_attr",
@@ -185,6 +186,18 @@ def prune(values: Iterable[ir.Value | None]) -> None:
         inputs = list(node.inputs)
         node.graph.remove(node, safe=True)
         stack.extend(v for v in inputs if v is not None)
+
+
+def replace_with_meaning(old: ir.Value, new: ir.Value, nodes: Sequence[ir.Node]) -> None:
+    """Replace ``old`` by ``new`` (``replace_value``), drop ``nodes`` and give ``new`` the name of ``old``:
+    the rewrite computes the same value, so tools that pair tensors by name with the source model (compare,
+    golden, triage) keep pairing it. ``new`` keeps its own name when it is a graph input or output."""
+    name = old.name
+    replace_value(old, new)
+    drop(nodes)
+    if name and new.name != name and not (new.is_graph_input() or new.is_graph_output()):
+        old.name = None
+        new.name = name
 
 
 def drop(nodes: Sequence[ir.Node]) -> None:
