@@ -96,11 +96,12 @@ def prepare_for_quantization(model: ir.Model, cfg: QuantConfig) -> None:
     name_nodes(model)
 
 
-def _needs_hardswish_opset(result: object) -> bool:
+def _needs_hardswish_opset(result: ir.passes.PassResult) -> bool:
     """Whether the hard-swish fusion left a pattern only because the model's opset has no HardSwish."""
+    from zonnx.passes.base import ZonnxPassResult
     from zonnx.passes.fusion.hardswish import HARDSWISH_OPSET
 
-    misses = getattr(getattr(result, "changes", None), "misses", [])
+    misses = result.changes.misses if isinstance(result, ZonnxPassResult) else []
     return any(f"HardSwish needs opset {HARDSWISH_OPSET}" in m for m in misses)
 
 

@@ -14,7 +14,8 @@ quantized model are traced to float-model tensors in topological order:
 - ops that only move or select values (Reshape, MaxPool, Concat, Clip...) on codes give codes;
 - any other op: a float tensor of the same name produced by the same op type (writers keep activation
   names), or by an op the preparation passes fold into it with the name kept (``_RENAMED``: a constant
-  Mul/Add folded into the Conv before it, the Div/Mul ending a decomposed hard-swish), else the float node found as for integer ops; nothing when neither exists.
+  Mul/Add folded into the Conv before it, the Div/Mul ending a decomposed hard-swish), else the float
+  node found as for integer ops; nothing when neither exists.
 
 A traced float tensor is then followed through the float ops the quantized graph folded or dropped after
 it (Relu/Clip fused into the op before them, BatchNormalization folded into a Conv, Identity): while its

@@ -28,8 +28,8 @@ metric of the float model against itself, e.g. 1.0 for cosine, top1 and char-acc
    (``search_samples``), the choice is scored again on all of them; while it misses the threshold
    there, more layers are raised (k grows by half, up to the whole order), each scored on all samples.
 5. NPU share: with ``min_npu_share`` and float fall-back, the order first keeps only layers whose MACs
-   together stay within ``n - min_npu_share`` of the model's, n the baseline's own share (``mac_allowance.py``), so probes respect
-   the share by construction. A choice whose share of MACs on the NPU (the partitioner's,
+   together stay within ``n - min_npu_share`` of the model's, n the baseline's own share
+   (``mac_allowance.py``), so probes respect the share by construction. A choice whose share of MACs on the NPU (the partitioner's,
    after the inputs' dims are fixed) is below it does not meet the budget: float layers run on the
    CPU and split the graph. The search says so; raise int16 layers on a target that has int16.
 6. Every candidate goes into the table; when none meets the budget the best one is kept (and said),

@@ -3,10 +3,10 @@
 On a target without int16 a raised layer runs in float on the CPU. With ``min_npu_share`` s, the layers
 raised together may hold at most ``(n - s)`` of the model's MACs, where n is the share the all-int8
 model already keeps on the NPU (layers the NPU cannot run at all, such as PP-OCRv4 rec's 6625-class
-head on dpu-b4096, 4.6% of its MACs, are on the CPU before anything is raised). Rule: walk the search order (most
-sensitive first) and keep a layer when the MACs already kept plus its own stay within that allowance;
-a layer over it is skipped and the walk goes on, so cheap layers further down (elementwise ops, Softmax,
-LayerNorm pieces: no MACs) still get their turn. A layer whose MACs cannot be counted (shapes unknown)
+head on dpu-b4096, 4.6% of its MACs, are on the CPU before anything is raised). Rule: walk the search
+order (most sensitive first) and keep a layer when the MACs already kept plus its own stay within that
+allowance; a layer over it is skipped and the walk goes on, so cheap layers further down (elementwise
+ops, Softmax, LayerNorm pieces: no MACs) still get their turn. A layer whose MACs cannot be counted (shapes unknown)
 is skipped. Without this, the search's "every layer raised" probe can hold most of the MACs, miss the
 share and end the search with nothing.
 
