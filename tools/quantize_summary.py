@@ -36,6 +36,13 @@ def summary_table(result: Any, seconds: float, output: Path) -> Table:
         *_recovery_rows(result),
         ("time", f"{seconds:.2f} s"),
     ]
+    if getattr(result, "target_prep", None) is not None:
+        rows.append(
+            (
+                "target preparation",
+                ", ".join(f"{k} x{v}" for k, v in result.target_prep.most_common()) or "no change needed",
+            )
+        )
     if result.refinement is not None:
         changes = result.refinement.counts
         rows.append(

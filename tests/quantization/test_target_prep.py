@@ -16,7 +16,9 @@ from zonnx import zoo
 from zonnx.build_npu import target_quantize_kwargs
 from zonnx.compare import compare_models
 from zonnx.quantization import prepare
+from zonnx.quantization.api import QuantizeResult
 from zonnx.quantization.calibration.readers import ListReader
+from zonnx.tools.quantize_summary import summary_table
 from zonnx.zoo.text_images import char_accuracy, ctc_greedy_decode, rec_samples
 
 #: rapidocr's width for lines up to 6.7:1, so every line has the same shape (one calibration shape)
@@ -41,22 +43,29 @@ def data() -> dict[str, list]:
     return {"calib": [f for _, f in _lines(16, seed=11)], "test": _lines(40, seed=12)}
 
 
-def _quantize(calib: list, target: str | None) -> onnx.ModelProto:
+def _quantize(calib: list, target: str | None) -> QuantizeResult:
     """The ``zonnx quantize [--target T]`` recipe."""
     kwargs = target_quantize_kwargs(target) if target else {"per_channel": True}
-    return zonnx.quantize_static(zoo.get("ppocr_rec"), None, ListReader(calib), **kwargs).model
+    return zonnx.quantize_static(zoo.get("ppocr_rec"), None, ListReader(calib), **kwargs)
 
 
 def test_zhouyi_quantization_fuses_and_gains_accuracy(data, monkeypatch: pytest.MonkeyPatch) -> None:
-    fused = _quantize(data["calib"], "zhouyi-x2")
+    result = _quantize(data["calib"], "zhouyi-x2")
+    fused = result.model
     ops = Counter(n.op_type for n in fused.graph.node)
     opset = next(o.version for o in fused.opset_import if o.domain in ("", "ai.onnx"))
     # 28 hard-swishes (opset 14 for HardSwish), no Clip/Div left of them; the 28 affine blocks after the
     # convolutions are folded, the 13 before a padded convolution keep one Add each
     assert ops["HardSwish"] == 28 and ops["Clip"] == 0 and opset >= 14
+    # the summary says what the preparation changed
+    assert result.target_prep["fused HardSwish"] == 28 and result.target_prep["folded Mul after Conv"] == 28
+    rows = dict(
+        zip(*[list(c.cells) for c in summary_table(result, 1.0, Path("q.onnx")).columns], strict=True)
+    )
+    assert "fused HardSwish x28" in rows["target preparation"]
     with monkeypatch.context() as m:  # the same call with the preparation of an untargeted quantization
         m.setattr(prepare, "prep_passes", lambda target: prepare.PREP_PASSES)
-        pieces = _quantize(data["calib"], "zhouyi-x2")
+        pieces = _quantize(data["calib"], "zhouyi-x2").model
     assert Counter(n.op_type for n in pieces.graph.node)["HardSwish"] == 0
     float_acc = _accuracy(zoo.get("ppocr_rec"), data["test"])
     acc, acc_pieces = _accuracy(fused, data["test"]), _accuracy(pieces, data["test"])
@@ -65,15 +74,15 @@ def test_zhouyi_quantization_fuses_and_gains_accuracy(data, monkeypatch: pytest.
 
 
 def test_untargeted_quantization_keeps_the_model_as_exported(data) -> None:
-    ops = Counter(n.op_type for n in _quantize(data["calib"][:4], None).graph.node)
-    assert ops["HardSwish"] == 0 and ops["Div"] >= 28
+    result = _quantize(data["calib"][:4], None)
+    ops = Counter(n.op_type for n in result.model.graph.node)
+    assert ops["HardSwish"] == 0 and ops["Div"] >= 28 and result.target_prep is None
 
 
 def test_folded_tensors_pair_with_the_float_tensors_they_equal(data, tmp_path: Path) -> None:
     """A folded convolution output keeps the name of the Add it absorbed, a fused hard-swish that of the
     Div it ends with, so comparing with the float model as exported pairs tensors of the same meaning."""
-    fused = _quantize(data["calib"][:4], "dpu-b4096")
-    onnx.save(fused, tmp_path / "q.onnx")
+    onnx.save(_quantize(data["calib"][:4], "dpu-b4096").model, tmp_path / "q.onnx")
     result = compare_models(zoo.get("ppocr_rec"), tmp_path / "q.onnx", data["test"][0][1])
     rows = {r.tensor: r for r in result.rows}
     producers = {o: n.op_type for n in onnx.load(zoo.get("ppocr_rec")).graph.node for o in n.output}

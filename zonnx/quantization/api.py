@@ -60,6 +60,8 @@ class QuantizeResult:
     output: Path | None = None
     report: Any = None
     refinement: Any = None  # Changes made by the target's refinement rules, when a target was given
+    #: What the target's preparation passes changed (``prepare.TARGET_PREP_PASSES``), when a target was given.
+    target_prep: Counter[str] | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)  # what the run said about lost accuracy
     prepared: onnx.ModelProto | None = None  # the float model after the prep passes (the report's reference)
     #: Accuracy-recovery records by algorithm (CLE, bias correction, fast finetune), when run.
@@ -258,7 +260,8 @@ def quantize_static(
 
     has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
     imported = prequant.import_for_quantize(model, has_data)
-    prepare_for_quantization(model, cfg)
+    prepared_changes = prepare_for_quantization(model, cfg)
+    target_prep = prepared_changes if cfg.extra.target else None
     mapped_weights = external_tensors(model) if mapped is not None else []
     release_mapped(mapped_weights)  # weights the passes read stop counting in memory (mapped again when read)
     records = recovery.recover_float(model, cfg)
@@ -366,8 +369,9 @@ def quantize_static(
         del kept  # its entries would keep the whole protobuf alive
         proto.metadata_props.add(key="zonnx.float_source", value=str(Path(model_input).resolve()))
     result = QuantizeResult(
-        proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=records, prepared=float_model
-    )
+        proto, plan, cfg, counts, opset, out, refinement=refinement, recovery=records, prepared=float_model,
+        target_prep=target_prep,
+    )  # fmt: skip
     early = out is not None and streamed  # past the limit: written first, so the report maps its weights
     if early:  # the written file's graph replaces the proto, whose buffers would outlive its moved weights
         save_model(proto, out, external_data=True if cfg.use_external_data_format else None)

@@ -12,6 +12,7 @@ __all__ = [
 ]
 
 import logging
+from collections import Counter
 
 import onnx_ir as ir
 
@@ -64,11 +65,13 @@ def name_nodes(model: ir.Model) -> None:
             used.add(name)
 
 
-def prepare_for_quantization(model: ir.Model, cfg: QuantConfig) -> None:
+def prepare_for_quantization(model: ir.Model, cfg: QuantConfig) -> Counter[str]:
     """Rule: the model at opset 13 or more (upgraded when ``AutoUpgradeOpset`` allows), ``prep_passes`` run
     in order, every node named. For a target, a decomposed hard-swish the model's opset cannot express
     (HardSwish is opset 14) upgrades the model to 14 when ``AutoUpgradeOpset`` allows; otherwise it stays
-    ``x * HardSigmoid(x)``."""
+    ``x * HardSigmoid(x)``. Returns what ``TARGET_PREP_PASSES`` changed (empty without a target), for the
+    summary."""
+    from zonnx.passes.base import ZonnxPassResult
     from zonnx.passes.catalog import make_pass
     from zonnx.passes.fusion.hardswish import HARDSWISH_OPSET
 
@@ -83,6 +86,7 @@ def prepare_for_quantization(model: ir.Model, cfg: QuantConfig) -> None:
             "upgrading the model from opset %d to %d for quantization", default_opset(model), target
         )
         make_pass("opset-upgrade", target_opset=target)(model)
+    changed: Counter[str] = Counter()
     for name in prep_passes(cfg.extra.target):
         result = make_pass(name)(model)
         if name == "fuse-hardswish" and cfg.extra.auto_upgrade_opset and _needs_hardswish_opset(result):
@@ -92,8 +96,11 @@ def prepare_for_quantization(model: ir.Model, cfg: QuantConfig) -> None:
                 HARDSWISH_OPSET,
             )
             make_pass("opset-upgrade", target_opset=HARDSWISH_OPSET)(model)
-            make_pass(name)(model)
+            result = make_pass(name)(model)
+        if name in TARGET_PREP_PASSES and isinstance(result, ZonnxPassResult):
+            changed.update(result.changes.counts)
     name_nodes(model)
+    return changed
 
 
 def _needs_hardswish_opset(result: ir.passes.PassResult) -> bool:
