@@ -75,30 +75,27 @@ def prepare_for_quantization(model: ir.Model, cfg: QuantConfig) -> Counter[str]:
     from zonnx.passes.catalog import make_pass
     from zonnx.passes.fusion.hardswish import HARDSWISH_OPSET
 
-    target = max(default_opset(model), cfg.extra.opset or 13, 13)
-    if target > default_opset(model):
+    start = default_opset(model)
+    target = max(start, cfg.extra.opset or 13, 13)
+    if target > start:
         if not cfg.extra.auto_upgrade_opset:
             raise OptionError(
-                f"the model is at opset {default_opset(model)} and quantized output needs 13+; "
+                f"the model is at opset {start} and quantized output needs 13+; "
                 "allow AutoUpgradeOpset or upgrade it with `zonnx optimize --opset 13`."
             )
-        logger.warning(
-            "upgrading the model from opset %d to %d for quantization", default_opset(model), target
-        )
         make_pass("opset-upgrade", target_opset=target)(model)
     changed: Counter[str] = Counter()
     for name in prep_passes(cfg.extra.target):
         result = make_pass(name)(model)
         if name == "fuse-hardswish" and cfg.extra.auto_upgrade_opset and _needs_hardswish_opset(result):
-            logger.warning(
-                "upgrading the model from opset %d to %d for its hard-swish (one NPU operation)",
-                default_opset(model),
-                HARDSWISH_OPSET,
-            )
             make_pass("opset-upgrade", target_opset=HARDSWISH_OPSET)(model)
             result = make_pass(name)(model)
         if name in TARGET_PREP_PASSES and isinstance(result, ZonnxPassResult):
             changed.update(result.changes.counts)
+    end = default_opset(model)
+    if end > start:  # one line for both upgrades
+        why = f" ({HARDSWISH_OPSET} for its hard-swish, one NPU operation)" if end > target else ""
+        logger.warning("upgrading the model from opset %d to %d for quantization%s", start, end, why)
     name_nodes(model)
     return changed
 
