@@ -103,10 +103,9 @@ def prepare_for_quantization(model: ir.Model, cfg: QuantConfig) -> Counter[str]:
 def _needs_hardswish_opset(result: ir.passes.PassResult) -> bool:
     """Whether the hard-swish fusion left a pattern only because the model's opset has no HardSwish."""
     from zonnx.passes.base import ZonnxPassResult
-    from zonnx.passes.fusion.hardswish import HARDSWISH_OPSET
+    from zonnx.passes.fusion.hardswish import missed_for_opset
 
-    misses = result.changes.misses if isinstance(result, ZonnxPassResult) else []
-    return any(f"HardSwish needs opset {HARDSWISH_OPSET}" in m for m in misses)
+    return isinstance(result, ZonnxPassResult) and missed_for_opset(result.changes)
 
 
 def check_node_names(model: ir.Model, cfg: QuantConfig) -> None:

@@ -20,7 +20,7 @@ records a miss naming the opset.
 
 from __future__ import annotations
 
-__all__ = ["FuseHardSwishPass", "HARDSWISH_OPSET"]
+__all__ = ["FuseHardSwishPass", "HARDSWISH_OPSET", "OPSET_MISS", "missed_for_opset"]
 
 import dataclasses
 import logging
@@ -46,6 +46,15 @@ logger = logging.getLogger(__name__)
 
 #: First default-domain opset with HardSwish.
 HARDSWISH_OPSET = 14
+#: The words of a miss recorded because the model's opset has no HardSwish (``missed_for_opset``).
+OPSET_MISS = f"HardSwish needs opset {HARDSWISH_OPSET}"
+
+
+def missed_for_opset(changes: Changes) -> bool:
+    """Whether a run of this pass left a hard-swish only because the model's opset has no HardSwish."""
+    return any(OPSET_MISS in m for m in changes.misses)
+
+
 _SIXTH = 1.0 / 6.0
 
 
@@ -110,7 +119,7 @@ class DecomposedHardSwish(Rule[_Match]):
             return f"hard-swish pattern at {label(m.nodes[1])}: {reason}"
         if m.swish and ctx.opset < HARDSWISH_OPSET:
             # the HardSigmoid rule below still fuses the inner part
-            return f"hard-swish pattern at {label(m.nodes[1])}: HardSwish needs opset {HARDSWISH_OPSET}, the model is at {ctx.opset}"
+            return f"hard-swish pattern at {label(m.nodes[1])}: {OPSET_MISS}, the model is at {ctx.opset}"
         return None
 
     def rewrite(self, ctx: Context, m: _Match) -> str:
@@ -166,7 +175,7 @@ class HardSigmoidSwish(Rule[_Match]):
         if reason:
             return f"hard-swish pattern at {label(hsig)}: {reason}"
         if ctx.opset < HARDSWISH_OPSET:
-            return f"hard-swish pattern at {label(hsig)}: HardSwish needs opset {HARDSWISH_OPSET}, the model is at {ctx.opset}"
+            return f"hard-swish pattern at {label(hsig)}: {OPSET_MISS}, the model is at {ctx.opset}"
         return None
 
     def rewrite(self, ctx: Context, m: _Match) -> str:
