@@ -386,8 +386,8 @@ def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_p
     misses (a budget of 0 always does), the MAC-free layers of the order are scored alone as well."""
     from zonnx.build_npu import target_quantize_kwargs
     from zonnx.inspection.macs import node_macs_by_name
-    from zonnx.ir.io import to_ir, to_proto
-    from zonnx.quantization.prepare import prepare_for_quantization
+    from zonnx.quantization.api import quantize_static
+    from zonnx.quantization.calibration.readers import ListReader
     from zonnx.zoo.text_images import rec_samples
 
     shape = (1, 3, 48, 320)
@@ -402,9 +402,9 @@ def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_p
     assert 0.94 < result.baseline.npu_mac_share < 0.96
     top, alone = result.candidates[0], result.candidates[1]
     assert len(result.candidates) == 2 and alone.raised < top.raised
-    prepared = to_ir(onnx.load(str(zoo.get("ppocr_rec"))))  # the graph whose node names the search raises
-    prepare_for_quantization(prepared, cfg)
-    macs = node_macs_by_name(to_proto(prepared), {"x": list(shape)})
+    # the graph whose node names the search raises: prepared, equalized and smoothed as the recipe asks
+    prepared = quantize_static(zoo.get("ppocr_rec"), None, ListReader(feeds[:4]), config=cfg).prepared
+    macs = node_macs_by_name(prepared, {"x": list(shape)})
     assert all(n in macs for c in (top, alone) for n in c.overrides)
     raised_macs = sum(macs.get(n) or 0 for n in top.overrides)
     total = sum(m for m in macs.values() if m)

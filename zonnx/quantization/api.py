@@ -260,6 +260,7 @@ def quantize_static(
 
     has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
     imported = prequant.import_for_quantize(model, has_data)
+    cfg = prequant.keep_imported_grids(cfg, imported)
     prepared_changes = prepare_for_quantization(model, cfg)
     target_prep = prepared_changes if cfg.extra.target else None
     mapped_weights = external_tensors(model) if mapped is not None else []

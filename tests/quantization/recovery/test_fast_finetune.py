@@ -15,7 +15,7 @@ from onnx import numpy_helper
 import zonnx
 from tests.helpers import parse
 from zonnx import zoo
-from zonnx.build_npu import target_quantize_kwargs
+from zonnx.build_npu import PER_TENSOR_WEIGHT_RECOVERY, target_quantize_kwargs
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import CalibrationError, ListReader
 from zonnx.quantization.enums import PowerOfTwoMethod, QuantFormat, VitisQuantFormat
@@ -211,7 +211,7 @@ def test_mobilenetv2_dpu_adaround_improves_held_out_sqnr() -> None:
     )
     kwargs = target_quantize_kwargs("dpu-b4096")
     extra = dict(kwargs.pop("extra_options"))
-    assert extra == {"Target": "dpu-b4096", "BiasCorrection": True}
+    assert extra == {"Target": "dpu-b4096", "BiasCorrection": True, **PER_TENSOR_WEIGHT_RECOVERY}
     extra["BiasCorrection"] = False  # fast finetune alone against the same recipe without it
     base = zonnx.quantize_static(src, None, ListReader(calib), **kwargs, extra_options=extra)
     ft = {"OptimAlgorithm": "adaround", "NumIterations": 50, "FixedSeed": 0}

@@ -3,6 +3,8 @@
 1. ``import_for_quantize``: the model becomes float weights + grids (``importer``); dynamic models need
    calibration data (their activation ranges change per run), refused in one line without it. Dynamic
    imports then fold their float bias Adds into Conv/Gemm (``fold-conv-affine``, ``canonicalize-gemm``).
+   ``keep_imported_grids``: CLE and SmoothQuant rescale weights and activations, so the imported grids
+   would no longer fit them; they are skipped, and said, unless the model is re-quantized from scratch.
 2. ``pin_for_plan``: after annotation, planned activations take the imported ranges (``retarget``); a
    tensor that has none needs calibration data, else one line names it. On a symmetric target that also
    lists unsigned codes (bm1684x), a non-negative range keeps them (zero point 0) rather than a step twice
@@ -16,11 +18,13 @@ from __future__ import annotations
 __all__ = [
     "refuse_narrow_activations",
     "import_for_quantize",
+    "keep_imported_grids",
     "pin_for_plan",
     "finish_report",
     "grid_changes",
 ]
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -68,6 +72,23 @@ def import_for_quantize(model: ir.Model, has_data: bool) -> ImportedModel | None
             imported.form,
         )
     return imported
+
+
+def keep_imported_grids(cfg: Any, imported: ImportedModel | None) -> Any:
+    """``cfg`` without IncludeCLE and SmoothQuant for a pre-quantized model whose grids are kept (not
+    ``PrequantRequantize``): both rescale channels the imported grids were fitted to. Logged when dropped."""
+    extra = cfg.extra
+    rescaling = [
+        k for k, on in (("IncludeCLE", extra.include_cle), ("SmoothQuant", extra.smooth_quant)) if on
+    ]
+    if imported is None or extra.prequant_requantize or not rescaling:
+        return cfg
+    logger.warning(
+        "%s skipped: they rescale the channels the pre-quantized model's own grids were fitted to; pass "
+        "PrequantRequantize (--requantize) to quantize from scratch with them",
+        " and ".join(rescaling),
+    )
+    return dataclasses.replace(cfg, extra=dataclasses.replace(extra, include_cle=False, smooth_quant=False))
 
 
 def _follow_renamed_weights(model: ir.Model, imported: ImportedModel) -> None:

@@ -67,6 +67,13 @@ def node_overrides(overrides: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def runs_on_samples(config: QuantConfig) -> bool:
+    """True when quantizing with ``config`` runs the model on calibration samples even with statistics
+    loaded: bias correction and fast finetune measure layers, SmoothQuant measures activation channels."""
+    extra = config.extra
+    return bool(extra.bias_correction or extra.include_fast_ft or extra.smooth_quant)
+
+
 def npu_mac_share(model: Any, target: str, input_shapes: Mapping[str, Sequence[int]] | None = None) -> float:
     """Share of MACs the backend's partitioner would put on ``target`` (capability + partition only),
     with the inputs' dims fixed to ``input_shapes`` when given."""
@@ -103,7 +110,8 @@ class CandidateScorer:
         self.float_model = str(float_model)
         self.metric_spec = metric
         self.input_shapes = dict(input_shapes) if input_shapes else None
-        # algorithms that run the model on samples (bias correction, fast finetune) need them per candidate
+        # algorithms that run the model on samples (bias correction, fast finetune, SmoothQuant) need
+        # them per candidate
         self.calib_feeds = [dict(f) for f in calib_feeds] if calib_feeds else None
         self.base = dataclasses.replace(
             base,
@@ -132,11 +140,7 @@ class CandidateScorer:
         )
         from zonnx.quantization.calibration.readers import ListReader
 
-        reader = (
-            ListReader(self.calib_feeds)
-            if self.calib_feeds and (self.base.extra.bias_correction or self.base.extra.include_fast_ft)
-            else None
-        )
+        reader = ListReader(self.calib_feeds) if self.calib_feeds and runs_on_samples(self.base) else None
         return quantize_static(self.float_model, None, reader, config=cfg).model
 
     @property
