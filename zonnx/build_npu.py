@@ -53,7 +53,8 @@ def calibration_feeds(model_name: str, calib: str | None, model: onnx.ModelProto
 #: two 480x480 pointwise convolutions kept 11 and 14 dB of weight SQNR (channel maxima 0 to 58).
 #: Equalizing the pairs CLE can reach and moving each 1x1 convolution's input-channel spread into its
 #: activation (SmoothQuant, alpha 0.5) brings them to 26 dB and more; char accuracy on 200 lines went
-#: from 0.976-0.983 to 0.988-0.990 over three calibration sets of 32, 64 and 128 lines (docs/benchmarks.md).
+#: from 0.976-0.983 to 0.988-0.990 over three calibration sets of 32, 64 and 128 lines (one-off runs in
+#: docs/benchmarks.md, npu_budget).
 PER_TENSOR_WEIGHT_RECOVERY = {"IncludeCLE": True, "SmoothQuant": True, "SmoothQuantAlpha": 0.5}
 
 
