@@ -110,7 +110,7 @@ def quantize(
         None,
         "--cle/--no-cle",
         help="Cross-layer equalization before calibration (IncludeCLE).",
-        show_default="off",
+        show_default="off; on with a --target whose weights are per tensor (dpu-b4096)",
     ),
     cle_steps: int = typer.Option(
         None, "--cle-steps", help="Equalization steps with --cle (CLESteps).", show_default="1"
@@ -128,7 +128,10 @@ def quantize(
         show_default="off; on with a power-of-two --target",
     ),
     smooth_quant: bool = typer.Option(
-        False, "--smooth-quant", help="SmoothQuant: move activation outliers into the weights first."
+        None,
+        "--smooth-quant/--no-smooth-quant",
+        help="SmoothQuant: move activation outliers into the weights first.",
+        show_default="off; on with a --target whose weights are per tensor (dpu-b4096)",
     ),
     smooth_quant_alpha: float = typer.Option(
         None, "--smooth-quant-alpha", help="SmoothQuant migration strength in [0, 1] (default 0.5)."
@@ -294,14 +297,16 @@ def quantize(
     if requantize:
         extra_options["PrequantRequantize"] = True
     fold_fast_finetune(extra_options, fast_finetune, fast_finetune_iters)
-    if smooth_quant_alpha is not None and not smooth_quant:
-        raise OptionError(
-            "--smooth-quant-alpha has no effect without --smooth-quant; add it or drop the alpha."
-        )
-    if smooth_quant:
-        extra_options["SmoothQuant"] = True
-        if smooth_quant_alpha is not None:
-            extra_options["SmoothQuantAlpha"] = float(smooth_quant_alpha)
+    if smooth_quant is not None:  # given either way, it wins over the target's recipe
+        extra_options["SmoothQuant"] = smooth_quant
+    if smooth_quant_alpha is not None:
+        if not extra_options.get("SmoothQuant"):
+            raise OptionError(
+                "--smooth-quant-alpha has no effect without --smooth-quant; add it or drop the alpha."
+            )
+        extra_options["SmoothQuantAlpha"] = float(smooth_quant_alpha)
+    elif smooth_quant is False:
+        extra_options.pop("SmoothQuantAlpha", None)  # the recipe's alpha goes with its SmoothQuant
     excluded = parse_name_list(exclude) + list(cfg_file.get("nodes_to_exclude", []))
     cfg = build_config(
         quant_format=fmt,

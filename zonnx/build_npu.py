@@ -63,9 +63,10 @@ def target_quantize_kwargs(target_name: str, quant_format: Any = None) -> dict[s
 
     Power-of-two targets: FixNeuron (or ``quant_format``, e.g. QDQ) with MinMSE power-of-two scales and
     ``BiasCorrection``; with per-tensor weights also ``IncludeCLE`` (Vitis AI's default for a DPU) and
-    ``SmoothQuant`` at alpha 0.5 (``PER_TENSOR_WEIGHT_RECOVERY``); others: QDQ with the target's activation symmetry/dtype and weight granularity,
-    MSE thresholds when activations are symmetric (min/max otherwise); ``ResidualStream16`` (int16 around
-    each LayerNorm) when the target takes int16 activations. ``Target`` is set.
+    ``SmoothQuant`` at alpha 0.5 (``PER_TENSOR_WEIGHT_RECOVERY``). Others: QDQ with the target's
+    activation symmetry/dtype and weight granularity, MSE thresholds when activations are symmetric
+    (min/max otherwise). ``ResidualStream16`` (int16 around each LayerNorm) when the target takes int16
+    activations. ``Target`` is set.
     """
     from zonnx.backend.targets import load_target
     from zonnx.quantization.enums import (
