@@ -212,17 +212,26 @@ def test_smooth_quant_flags(calib: Path, tmp_path: Path) -> None:
     assert_one_line_error(proc, "--smooth-quant-alpha has no effect without --smooth-quant")
 
 
-def test_per_tensor_target_smooths_and_equalizes_unless_told_not_to(calib: Path, tmp_path: Path) -> None:
-    """dpu-b4096's recipe (per-tensor weights) runs CLE and SmoothQuant; the summary says so, and the
-    flags given win: --smooth-quant-alpha alone retunes the recipe's SmoothQuant, --no-* turn them off."""
+def test_per_tensor_target_equalizes_unless_told_not_to(calib: Path, tmp_path: Path) -> None:
+    """dpu-b4096's recipe (per-tensor weights) runs CLE and the summary says so; --smooth-quant adds
+    SmoothQuant on top (its alpha with it), and --no-cle turns the recipe's CLE off."""
     model = str(zoo.get("digits_cnn"))
     args = ("quantize", model, "--calib", str(calib), "--target", "dpu-b4096")
-    proc = run_cli(*args[:2], str(tmp_path / "r.onnx"), *args[2:], "--smooth-quant-alpha", "0.3", check=True)
-    assert "smooth quant" in proc.stdout and "alpha 0.3" in proc.stdout
-    assert "cross-layer equalization: 1 pairs" in proc.stdout
+    proc = run_cli(*args[:2], str(tmp_path / "r.onnx"), *args[2:], check=True)
+    assert "cross-layer equalization: 1 pairs" in proc.stdout and "smooth quant" not in proc.stdout
     proc = run_cli(
-        *args[:2], str(tmp_path / "n.onnx"), *args[2:], "--no-smooth-quant", "--no-cle", check=True
+        *args[:2],
+        str(tmp_path / "s.onnx"),
+        *args[2:],
+        "--smooth-quant",
+        "--smooth-quant-alpha",
+        "0.3",
+        check=True,
+    )
+    assert "smooth quant" in proc.stdout and "alpha 0.3" in proc.stdout
+    assert "Mul" in {n.op_type for n in onnx.load(tmp_path / "s.onnx").graph.node}  # SmoothQuant's
+    proc = run_cli(
+        *args[:2], str(tmp_path / "n.onnx"), *args[2:], "--no-cle", "--no-smooth-quant", check=True
     )
     assert "smooth quant" not in proc.stdout and "cross-layer equalization" not in proc.stdout
     assert "Mul" not in {n.op_type for n in onnx.load(tmp_path / "n.onnx").graph.node}
-    assert "Mul" in {n.op_type for n in onnx.load(tmp_path / "r.onnx").graph.node}  # SmoothQuant's

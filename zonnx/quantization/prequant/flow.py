@@ -84,9 +84,10 @@ def keep_imported_grids(cfg: Any, imported: ImportedModel | None) -> Any:
     if imported is None or extra.prequant_requantize or not rescaling:
         return cfg
     logger.warning(
-        "%s skipped: they rescale the channels the pre-quantized model's own grids were fitted to; pass "
-        "PrequantRequantize (--requantize) to quantize from scratch with them",
+        "%s skipped: rescaling channels would void the pre-quantized model's own grids; pass "
+        "PrequantRequantize (--requantize) to quantize from scratch with %s",
         " and ".join(rescaling),
+        "them" if len(rescaling) > 1 else "it",
     )
     return dataclasses.replace(cfg, extra=dataclasses.replace(extra, include_cle=False, smooth_quant=False))
 
