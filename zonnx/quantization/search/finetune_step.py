@@ -19,8 +19,8 @@ lines, batches of 8; one-off runs in ``docs/benchmarks.md``). Those runs, and th
 0.9923 with it, predate the NPU's average-pool factor in the fake-quant model, so they tuned a slightly
 different network than the NPU's; with the factor in place the trial moves dpu-b4096 only from 0.9882
 to 0.9886 on the bench's 200 test lines, and the bench's search no longer keeps it. Since the
-dpu-b4096 recipe equalizes and smooths its weights (CLE, SmoothQuant) the trial lowers that model (0.9890 ->
-0.4670 on the search lines; more steps, lower accuracy, though every layer's own loss falls). It lifts
+dpu-b4096 recipe equalizes its weights (CLE) the trial lowers that model (0.9890 -> 0.6731 on the search
+lines; more steps, lower accuracy, though every layer's own loss falls). It lifts
 bm1684x (0.9863 -> 0.9945 on the search lines), which is why the step stays a trial kept on the metric.
 """
 
