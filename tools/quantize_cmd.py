@@ -131,7 +131,7 @@ def quantize(
         None,
         "--smooth-quant/--no-smooth-quant",
         help="SmoothQuant: move activation outliers into the weights first.",
-        show_default="off; on with a --target whose weights are per tensor (dpu-b4096)",
+        show_default="off",
     ),
     smooth_quant_alpha: float = typer.Option(
         None, "--smooth-quant-alpha", help="SmoothQuant migration strength in [0, 1] (default 0.5)."
