@@ -402,7 +402,7 @@ def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_p
     assert 0.94 < result.baseline.npu_mac_share < 0.96
     top, alone = result.candidates[0], result.candidates[1]
     assert len(result.candidates) == 2 and alone.raised < top.raised
-    # the graph whose node names the search raises: prepared, equalized and smoothed as the recipe asks
+    # the graph whose node names the search raises: prepared and equalized as the recipe asks
     prepared = quantize_static(zoo.get("ppocr_rec"), None, ListReader(feeds[:4]), config=cfg).prepared
     macs = node_macs_by_name(prepared, {"x": list(shape)})
     assert all(n in macs for c in (top, alone) for n in c.overrides)

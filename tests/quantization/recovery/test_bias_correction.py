@@ -82,7 +82,7 @@ def test_bias_correction_removes_channel_mean_error(form: str) -> None:
     )
     record = fixed.recovery["bias_correction"]
     assert record.layers == 2 and record.samples == 6 and record.runs == 4  # float, before, level 2, after
-    # against the float model the quantizer measured (the recipe's CLE and SmoothQuant rescale channels)
+    # against the float model the quantizer measured (the recipe's CLE rescales channels)
     ref = fixed.prepared
     before, after = _mean_error(ref, plain.model, feeds), _mean_error(ref, fixed.model, feeds)
     assert after < 0.5 * before, (before, after)
@@ -117,7 +117,7 @@ def test_a_layer_left_float_gets_its_float_bias_corrected() -> None:
     assert np.array_equal(bias(plain.model), bias(model)) and not np.array_equal(
         bias(fixed.model), bias(model)
     )
-    # against the float model the quantizer measured (the recipe's CLE and SmoothQuant rescale channels)
+    # against the float model the quantizer measured (the recipe's CLE rescales channels)
     ref = fixed.prepared
     before, after = _mean_error(ref, plain.model, feeds), _mean_error(ref, fixed.model, feeds)
     assert after < 0.2 * before, (before, after)
