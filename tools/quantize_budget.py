@@ -41,6 +41,7 @@ def run_budget_search(
     range_search: bool = False,
     bias_correction: str = "try",
     thresholds_trial: str = "try",
+    smooth_quant_trial: str = "try",
     finetune_trial: str = "try",
     finetune_seconds: float | None = None,
 ) -> None:
@@ -66,7 +67,8 @@ def run_budget_search(
         max_layers=search_layers, measure_layers=measure_layers, progress=progress,
         input_shapes=input_shapes, search_samples=search_samples, min_npu_share=min_npu_share, executor=executor,
         order_by=order_by, range_search=range_search, bias_correction=bias_correction,
-        thresholds_trial=thresholds_trial, finetune_trial=finetune_trial, finetune_seconds=finetune_seconds,
+        thresholds_trial=thresholds_trial, smooth_quant_trial=smooth_quant_trial, finetune_trial=finetune_trial,
+        finetune_seconds=finetune_seconds,
     )  # fmt: skip
     table = Table(
         title=f"accuracy budget: {metric} >= {result.threshold:.5f} (float {result.float_score:.5f} - {budget} "
@@ -91,6 +93,7 @@ def run_budget_search(
         )
     trials = (
         ("MSE thresholds", result.thresholds, "chosen over min/max", "tried, min/max kept"),
+        ("SmoothQuant", result.smooth_quant, "added", "tried, not kept"),
         ("bias correction", result.bias_correction, "added", "tried, not kept"),
     )
     for what, trial, kept, dropped in trials:

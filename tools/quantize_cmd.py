@@ -130,7 +130,8 @@ def quantize(
     smooth_quant: bool = typer.Option(
         None,
         "--smooth-quant/--no-smooth-quant",
-        help="SmoothQuant: move activation outliers into the weights first.",
+        help="SmoothQuant: move activation outliers into the weights first. --accuracy-budget tries it "
+        "unless --no-smooth-quant is given.",
         show_default="off",
     ),
     smooth_quant_alpha: float = typer.Option(
@@ -363,6 +364,7 @@ def quantize(
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,
                           range_search=range_search, bias_correction=search_bias_correction,
                           thresholds_trial=search_thresholds, finetune_trial=search_finetune,
+                          smooth_quant_trial="off" if smooth_quant is False else "try",
                           finetune_seconds=search_finetune_seconds)  # fmt: skip
         return
     total = len(reader) if reader is not None and hasattr(reader, "__len__") else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -121,6 +122,7 @@ def test_the_written_config_reproduces_the_choice_without_searching(digits: Path
     assert "held out 8 of the 32 calibration samples" in proc.stderr
     assert "accuracy budget" in proc.stdout and "chosen" in proc.stdout
     assert "MSE thresholds" in proc.stdout  # the trial over min/max, said either way
+    assert "SmoothQuant" in proc.stdout  # so is the SmoothQuant trial
     assert "calibrated on 24 of the 32 calibration samples" in Path(f"{searched}.search.toml").read_text()
     again = tmp_path / "again.onnx"
     proc = run_cli(
@@ -158,8 +160,10 @@ def test_a_budget_nothing_meets_keeps_the_best_and_strict_fails(digits: Path, tm
         "--metric",
         "cosine",
         "--strict",
+        "--no-smooth-quant",  # the user's no: the search does not try it either
     )
     assert proc.returncode == 1 and "NOT met" in proc.stdout
+    assert "SmoothQuant" not in proc.stdout
     assert (tmp_path / "s.onnx").is_file()  # the best model is still saved
 
 
@@ -346,7 +350,10 @@ def test_mse_thresholds_are_tried_when_ranges_are_min_max(digits: Path, tmp_path
     hot = calib[5]["input"].copy()
     hot.flat[27] = 500.0  # one hot pixel (the 8x8 images span [0, 1])
     calib[5] = {"input": hot}
-    kwargs = dict(budget=0.002, metric="cosine", eval_feeds=digits_feeds(16, 100), bias_correction="off")
+    kwargs = dict(
+        budget=0.002, metric="cosine", eval_feeds=digits_feeds(16, 100), bias_correction="off",
+        smooth_quant_trial="off",  # the min/max or MSE model is the search's baseline
+    )  # fmt: skip
     _, result, config_path = quantize_with_budget(digits, tmp_path / "q.onnx", calib, _config(), **kwargs)
     trial = result.thresholds
     assert trial is not None and trial.kept and trial.changed.score > trial.plain.score + 0.01
@@ -380,6 +387,32 @@ def test_mse_thresholds_are_not_tried_over_a_chosen_method(digits: Path, tmp_pat
     assert result.thresholds is None and 'method = "mse"' in config_path.read_text()
 
 
+def test_smooth_quant_is_tried_and_kept_where_it_helps(tmp_path: Path) -> None:
+    """PP-OCRv4 rec on dpu-b4096: the recipe does not smooth (it costs the CNNs), but smoothing lifts this
+    model's outputs, so the search keeps it, starts from it and writes it; off, it is not tried."""
+    from zonnx.build_npu import target_quantize_kwargs
+    from zonnx.zoo.text_images import rec_samples
+
+    shape = (1, 3, 48, 320)
+    feeds = [f for _, f in rec_samples(24, seed=5) if f["x"].shape == shape]
+    cfg = build_config(**target_quantize_kwargs("dpu-b4096"))
+    assert not cfg.extra.smooth_quant
+    kwargs = dict(budget=5.0, metric="cosine", eval_feeds=feeds[8:14], finetune_trial="off")
+    _, result, config_path = quantize_with_budget(
+        zoo.get("ppocr_rec"), tmp_path / "q.onnx", feeds[:8], cfg, **kwargs
+    )
+    trial = result.smooth_quant
+    assert trial is not None and trial.kept and trial.changed.score > trial.plain.score
+    assert result.baseline is trial.changed  # scored once, the search's starting point
+    text = config_path.read_text()
+    assert "SmoothQuant = true" in text and "SmoothQuant added" in text
+    _, off, off_config = quantize_with_budget(
+        zoo.get("ppocr_rec"), tmp_path / "off.onnx", feeds[:8], cfg, smooth_quant_trial="off", **kwargs
+    )
+    assert off.smooth_quant is None and off.baseline.score == pytest.approx(trial.plain.score)
+    assert "SmoothQuant" not in off_config.read_text()
+
+
 def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_path: Path) -> None:
     """PP-OCRv4 rec on dpu-b4096 (no int16): the 6625-class head already runs on the CPU (4.6% of MACs),
     so the layers raised together may hold only what is left of the 10% allowance; when raising them all
@@ -402,8 +435,11 @@ def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_p
     assert 0.94 < result.baseline.npu_mac_share < 0.96
     top, alone = result.candidates[0], result.candidates[1]
     assert len(result.candidates) == 2 and alone.raised < top.raised
-    # the graph whose node names the search raises: prepared and equalized as the recipe asks
-    prepared = quantize_static(zoo.get("ppocr_rec"), None, ListReader(feeds[:4]), config=cfg).prepared
+    # the graph whose node names the search raises: prepared and equalized as the recipe asks, and
+    # smoothed when the search kept SmoothQuant (its inserted Mul nodes can be raised too)
+    smoothed = result.smooth_quant is not None and result.smooth_quant.kept
+    searched = dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, smooth_quant=smoothed))
+    prepared = quantize_static(zoo.get("ppocr_rec"), None, ListReader(feeds[:4]), config=searched).prepared
     macs = node_macs_by_name(prepared, {"x": list(shape)})
     assert all(n in macs for c in (top, alone) for n in c.overrides)
     raised_macs = sum(macs.get(n) or 0 for n in top.overrides)

@@ -85,6 +85,7 @@ class BudgetResult:
     ranges: Any = None  # the range search (``ranges.RangeSearch``) run before, if any
     bias_correction: Any = None  # the bias-correction trial (``config_trial.ConfigTrial``), if any
     thresholds: Any = None  # the MSE-thresholds trial (``config_trial.ConfigTrial``), if any
+    smooth_quant: Any = None  # the SmoothQuant trial (``config_trial.ConfigTrial``), if any
     ranges_recheck: Any = None  # kept ranges scored again without them once bias correction joined
     finetune: Any = None  # the fast-finetune trial on the choice (``finetune_step.FinetuneTrial``), if any
 

@@ -27,6 +27,12 @@ the search first scores the configuration with MSE thresholds (calibrated once m
 and keeps them when they score at least as well (``threshold_step.py``); kept, the MSE model's report
 and plan order the layers. ``"off"`` skips it.
 
+SmoothQuant (``smooth_quant_trial="try"``, the default): when the configuration does not smooth already,
+the search scores it with ``SmoothQuant`` on (calibrated once more on the smoothed model) and keeps it
+when it scores at least as well (``smooth_step.py``); kept, the smoothed model's report and plan order
+the layers, and the config file says ``SmoothQuant = true``. ``"off"`` skips it (``zonnx quantize
+--no-smooth-quant`` turns it off too).
+
 Fast finetune (``finetune_trial="try"``, the default): when the choice misses the budget and the
 configuration does not fine-tune already, the choice is quantized once more with AdaQuant (1000 steps
 per layer; ``finetune_seconds`` bounds the tuning by the clock, at the cost of repeatability) and kept
@@ -44,6 +50,7 @@ __all__ = [
     "ORDERS",
     "BIAS_CORRECTION",
     "THRESHOLDS_TRIAL",
+    "SMOOTH_QUANT_TRIAL",
     "FINETUNE_TRIAL",
 ]
 
@@ -68,6 +75,7 @@ from zonnx.quantization.search.measure import measure_groups, measured_order
 from zonnx.quantization.search.ranges import RangeSearch, search_ranges
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import feeds_digest
+from zonnx.quantization.search.smooth_step import smooth_quant_note, try_smooth_quant
 from zonnx.quantization.search.threshold_step import thresholds_note, try_mse_thresholds
 
 logger = logging.getLogger(__name__)
@@ -78,6 +86,8 @@ ORDERS = ("report", "measured")
 BIAS_CORRECTION = ("try", "off")
 #: Whether the search tries MSE thresholds over min/max (``quantize_with_budget(thresholds_trial=)``).
 THRESHOLDS_TRIAL = ("try", "off")
+#: Whether the search tries SmoothQuant (``quantize_with_budget(smooth_quant_trial=)``).
+SMOOTH_QUANT_TRIAL = ("try", "off")
 #: Whether the search tries fast finetune on a choice that misses (``quantize_with_budget(finetune_trial=)``).
 FINETUNE_TRIAL = ("try", "off")
 #: Most samples read into memory from a calibration reader for the search.
@@ -121,6 +131,7 @@ def quantize_with_budget(
     range_samples: int = 8,
     bias_correction: str = "try",
     thresholds_trial: str = "try",
+    smooth_quant_trial: str = "try",
     finetune_trial: str = "try",
     finetune_seconds: float | None = None,
 ) -> tuple[Any, BudgetResult, Path]:
@@ -137,7 +148,8 @@ def quantize_with_budget(
     docstring; ``BudgetResult.ranges``); ``bias_correction``: ``"try"`` it before raising layers, or
     ``"off"`` (module docstring; ``BudgetResult.bias_correction``); ``thresholds_trial``: ``"try"`` MSE
     thresholds when activations are calibrated by min/max, or ``"off"`` (``threshold_step.py``;
-    ``BudgetResult.thresholds``); ``finetune_trial``: ``"try"`` AdaQuant on a choice that misses the budget
+    ``BudgetResult.thresholds``); ``smooth_quant_trial``: ``"try"`` SmoothQuant when the configuration
+    does not smooth, or ``"off"`` (``smooth_step.py``; ``BudgetResult.smooth_quant``); ``finetune_trial``: ``"try"`` AdaQuant on a choice that misses the budget
     (its 1000 steps per layer, or at most ``finetune_seconds`` of tuning: a bound that is reached cuts
     layers short by the clock, so the weights then depend on the machine), or ``"off"`` (``finetune_step.py``;
     ``BudgetResult.finetune``). Returns the final ``QuantizeResult``,
@@ -162,6 +174,7 @@ def quantize_with_budget(
     for name, value, allowed in (
         ("bias_correction", bias_correction, BIAS_CORRECTION),
         ("thresholds_trial", thresholds_trial, THRESHOLDS_TRIAL),
+        ("smooth_quant_trial", smooth_quant_trial, SMOOTH_QUANT_TRIAL),
         ("finetune_trial", finetune_trial, FINETUNE_TRIAL),
     ):
         if value not in allowed:
@@ -208,6 +221,21 @@ def quantize_with_budget(
                 if thresholds.kept:  # its statistics, report and plan order the layers from here on
                     config = dataclasses.replace(config, calibrate_method=scorer.base.calibrate_method)
                     baseline = mse_baseline
+        smoothed = None
+        if smooth_quant_trial == "try":
+            tried = try_smooth_quant(
+                scorer, metric, model_input, calib,
+                dataclasses.replace(base, calibrate_method=config.calibrate_method),
+                Path(work) / "stats-smooth.npz", start, calibration_executor=shard_on,
+            )  # fmt: skip
+            if tried is not None:
+                smoothed, smooth_baseline = tried
+                start = smoothed.chosen
+                if smoothed.kept:  # its statistics, report and plan order the layers from here on
+                    config = dataclasses.replace(
+                        config, extra=dataclasses.replace(config.extra, smooth_quant=True)
+                    )
+                    baseline = smooth_baseline
         order = None
         ranges: RangeSearch | None = None
         sens = []
@@ -274,6 +302,7 @@ def quantize_with_budget(
         )
         result.ranges = ranges
         result.thresholds = thresholds
+        result.smooth_quant = smoothed
         result.ranges_recheck = recheck
         result.bias_correction = corrected
         final_cfg = dataclasses.replace(
@@ -302,7 +331,7 @@ def quantize_with_budget(
         f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
         f"on {result.eval_samples if result.chosen.full else len(scorer.feeds)} evaluation samples;\n"
         f"{result.chosen.raised} layer(s) raised to "
-        f"{result.precision}{thresholds_note(thresholds)}{_ranges_note(ranges)}{bias_correction_note(corrected)}{finetune_note(result.finetune)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
+        f"{result.precision}{thresholds_note(thresholds)}{smooth_quant_note(smoothed)}{_ranges_note(ranges)}{bias_correction_note(corrected)}{finetune_note(result.finetune)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
         + (
             f"\n(the search calibrated on {len(calib)} of the {len(feeds)} calibration samples, every 4th held out "
             "for evaluation; a re-run calibrates on every sample it is given, so give it the same ones)"
