@@ -232,7 +232,12 @@ def _one_target(
             f"; range search clipped {r.changed} of {len(r.choices)} groups, output noise "
             f"{r.plain_noise:.3g} -> {r.noise:.3g}"
         )
-    for what, trial in (("bias correction", result.bias_correction), ("fast finetune", result.finetune)):
+    trials = (
+        ("SmoothQuant", result.smooth_quant),
+        ("bias correction", result.bias_correction),
+        ("fast finetune", result.finetune),
+    )
+    for what, trial in trials:
         if trial is not None:
             verb = "kept" if trial.kept else "not kept"
             note += f"; {what} {verb} ({trial.plain.score:.4f} -> {trial.changed.score:.4f})"
