@@ -413,6 +413,30 @@ def test_smooth_quant_is_tried_and_kept_where_it_helps(tmp_path: Path) -> None:
     assert "SmoothQuant" not in off_config.read_text()
 
 
+def test_smooth_quant_is_not_tried_on_a_model_that_keeps_its_grids(
+    digits: Path, tmp_path: Path, caplog
+) -> None:
+    """A pre-quantized model keeps its own grids, which smoothing would void: the search does not try it,
+    and says why without the warning a user's own SmoothQuant gets."""
+    from zonnx.quantization.api import quantize_static
+    from zonnx.quantization.calibration.readers import ListReader
+
+    prequantized = tmp_path / "qdq.onnx"
+    quantize_static(digits, prequantized, ListReader(digits_feeds(16)))
+    with caplog.at_level(logging.INFO):
+        _, result, config_path = quantize_with_budget(
+            prequantized,
+            tmp_path / "b.onnx",
+            digits_feeds(16),
+            _config(),
+            budget=1.0,
+            eval_feeds=digits_feeds(8, 100),
+        )
+    assert result.smooth_quant is None and "SmoothQuant" not in config_path.read_text()
+    assert "SmoothQuant not tried (a pre-quantized qdq model keeps its grids)" in caplog.text
+    assert "SmoothQuant skipped" not in caplog.text
+
+
 def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_path: Path) -> None:
     """PP-OCRv4 rec on dpu-b4096 (no int16): the 6625-class head already runs on the CPU (4.6% of MACs),
     so the layers raised together may hold only what is left of the 10% allowance; when raising them all

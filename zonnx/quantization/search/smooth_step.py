@@ -6,7 +6,7 @@ saved beside the search's own), score both configurations (``config_trial.try_co
 SmoothQuant when it scores at least as well on the metric. Kept, the smoothed model is the search's
 baseline: its per-layer report and measured sensitivities order the layers the search raises, and the
 config file says ``SmoothQuant = true``. A model with nothing to smooth (no MatMul, Gemm or 1x1 Conv
-reading an activation, or a pre-quantized model that keeps its grids) is not tried.
+reading an activation) is not tried, nor a pre-quantized model that keeps its own grids.
 
 Why a trial and not a recipe: SmoothQuant moves per-channel spread from an activation into the weights
 that read it. On PP-OCRv4 rec for dpu-b4096 it lifts the two pointwise convolutions HardSwish keeps out
@@ -26,17 +26,28 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from zonnx.quantization.calibration.readers import ListReader
+from zonnx.quantization.prequant import quantized_form
 from zonnx.quantization.search.config_trial import ConfigTrial, try_config
 from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
 
 
-def takes_smooth_trial(config: Any) -> bool:
-    """True when ``config`` does not smooth already."""
-    return not config.extra.smooth_quant
+def takes_smooth_trial(config: Any, model_input: str | Path) -> bool:
+    """True when ``config`` does not smooth already and the model is float, or a pre-quantized model the
+    configuration re-quantizes from scratch (``PrequantRequantize``): one that keeps its own grids takes
+    no rescaling of its channels (``prequant.keep_imported_grids``)."""
+    if config.extra.smooth_quant:
+        return False
+    if config.extra.prequant_requantize:
+        return True
+    form = quantized_form(onnx.load(str(model_input), load_external_data=False))
+    if form is not None:
+        logger.info("accuracy search: SmoothQuant not tried (a pre-quantized %s model keeps its grids)", form)
+    return form is None
 
 
 def _smoothed(config: Any, **extra: Any) -> Any:
@@ -60,7 +71,7 @@ def try_smooth_quant(
     does not apply (module docstring)."""
     from zonnx.quantization.api import quantize_static
 
-    if not takes_smooth_trial(scorer.base):
+    if not takes_smooth_trial(scorer.base, model_input):
         return None
     result = quantize_static(
         model_input,
