@@ -9,7 +9,7 @@ bfloat16) is not tried.
 
 from __future__ import annotations
 
-__all__ = ["try_bias_correction", "bias_correction_note"]
+__all__ = ["try_bias_correction"]
 
 import dataclasses
 import logging
@@ -17,7 +17,7 @@ from typing import Any
 
 from zonnx.errors import OptionError
 from zonnx.quantization.recovery.steps import check_recovery_options
-from zonnx.quantization.search.config_trial import ConfigTrial, try_config
+from zonnx.quantization.search.config_trial import ConfigTrial, log_trial, try_config
 from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
@@ -35,19 +35,5 @@ def try_bias_correction(scorer: Any, metric: str, plain: Candidate | None = None
         logger.info("accuracy search: bias correction not tried (%s)", e)
         return None
     trial = try_config(scorer, corrected, plain)
-    logger.info(
-        "accuracy search: bias correction %s %s %.5f -> %.5f",
-        "kept:" if trial.kept else "not kept (lower score):",
-        metric,
-        trial.plain.score,
-        trial.changed.score,
-    )
+    log_trial("bias correction", trial, metric)
     return trial
-
-
-def bias_correction_note(trial: ConfigTrial | None) -> str:
-    """The config note's words on the trial ("" when there was none)."""
-    if trial is None:
-        return ""
-    verb = "added" if trial.kept else "tried, not kept"
-    return f"; bias correction {verb} ({trial.plain.score:.4f} -> {trial.changed.score:.4f})"

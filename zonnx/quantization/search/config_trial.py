@@ -12,13 +12,16 @@ bias correction (``bias_step.py``). Each leaves every layer int8, so each is che
 
 from __future__ import annotations
 
-__all__ = ["ConfigTrial", "try_config"]
+__all__ = ["ConfigTrial", "try_config", "log_trial", "trial_note"]
 
 import dataclasses
+import logging
 from typing import Any
 
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.scorer import Candidate
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,3 +53,27 @@ def try_config(scorer: Any, changed: QuantConfig, plain: Candidate | None = None
     if not trial.kept:
         scorer.base = base
     return trial
+
+
+def log_trial(what: str, trial: ConfigTrial, metric: str) -> None:
+    """Log a trial's verdict and both scores."""
+    verdict = "kept:" if trial.kept else "not kept (lower score):"
+    logger.info(
+        "accuracy search: %s %s %s %.5f -> %.5f",
+        what,
+        verdict,
+        metric,
+        trial.plain.score,
+        trial.changed.score,
+    )
+
+
+def trial_note(
+    what: str, trial: Any, kept: str = "added", dropped: str = "tried, not kept", digits: int = 4
+) -> str:
+    """The config note's words on a trial (anything with ``kept``, ``plain`` and ``changed``): what, the
+    verdict and both scores; "" when there was none."""
+    if trial is None:
+        return ""
+    verb = kept if trial.kept else dropped
+    return f"; {what} {verb} ({trial.plain.score:.{digits}f} -> {trial.changed.score:.{digits}f})"

@@ -20,13 +20,14 @@ lines, batches of 8; one-off runs in ``docs/benchmarks.md``). Those runs, and th
 different network than the NPU's; with the factor in place the trial moves dpu-b4096 only from 0.9882
 to 0.9886 on the bench's 200 test lines, and the bench's search no longer keeps it. Since the
 dpu-b4096 recipe equalizes its weights (CLE) the trial lowers that model (0.9890 -> 0.6731 on the search
-lines; more steps, lower accuracy, though every layer's own loss falls). It lifts
+lines, and 0.4670 once the search kept SmoothQuant; more steps, lower accuracy, though every layer's own
+loss falls). It lifts
 bm1684x (0.9863 -> 0.9945 on the search lines), which is why the step stays a trial kept on the metric.
 """
 
 from __future__ import annotations
 
-__all__ = ["FinetuneTrial", "TRIAL_OPTIONS", "finetune_config", "try_fast_finetune", "finetune_note"]
+__all__ = ["FinetuneTrial", "TRIAL_OPTIONS", "finetune_config", "try_fast_finetune"]
 
 import dataclasses
 import logging
@@ -139,11 +140,3 @@ def try_fast_finetune(
         trial.summary,
     )
     return trial, result
-
-
-def finetune_note(trial: FinetuneTrial | None) -> str:
-    """The config note's words on the trial ("" when there was none)."""
-    if trial is None:
-        return ""
-    verb = "added" if trial.kept else "tried, not kept"
-    return f"; fast finetune (AdaQuant) {verb} ({trial.plain.score:.5f} -> {trial.changed.score:.5f})"

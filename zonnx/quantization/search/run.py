@@ -66,17 +66,17 @@ import numpy as np
 from zonnx.errors import OptionError
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.config import QuantConfig
-from zonnx.quantization.search.bias_step import bias_correction_note, try_bias_correction
+from zonnx.quantization.search.bias_step import try_bias_correction
 from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
-from zonnx.quantization.search.config_trial import ConfigTrial, try_config
+from zonnx.quantization.search.config_trial import ConfigTrial, trial_note, try_config
 from zonnx.quantization.search.executor import Executor
-from zonnx.quantization.search.finetune_step import finetune_config, finetune_note, try_fast_finetune
+from zonnx.quantization.search.finetune_step import finetune_config, try_fast_finetune
 from zonnx.quantization.search.measure import measure_groups, measured_order
 from zonnx.quantization.search.ranges import RangeSearch, search_ranges
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import feeds_digest
-from zonnx.quantization.search.smooth_step import smooth_quant_note, try_smooth_quant
-from zonnx.quantization.search.threshold_step import thresholds_note, try_mse_thresholds
+from zonnx.quantization.search.smooth_step import try_smooth_quant
+from zonnx.quantization.search.threshold_step import try_mse_thresholds
 
 logger = logging.getLogger(__name__)
 
@@ -331,7 +331,8 @@ def quantize_with_budget(
         f"{result.float_score:.4f} (threshold {result.threshold:.4f}, {'met' if result.met else 'NOT met'}) "
         f"on {result.eval_samples if result.chosen.full else len(scorer.feeds)} evaluation samples;\n"
         f"{result.chosen.raised} layer(s) raised to "
-        f"{result.precision}{thresholds_note(thresholds)}{smooth_quant_note(smoothed)}{_ranges_note(ranges)}{bias_correction_note(corrected)}{finetune_note(result.finetune)}. Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
+        f"{result.precision}{_trials_note(thresholds, smoothed, ranges, corrected, result.finetune)}. "
+        "Re-run without searching: zonnx quantize MODEL OUT --calib DATA --config THIS_FILE"
         + (
             f"\n(the search calibrated on {len(calib)} of the {len(feeds)} calibration samples, every 4th held out "
             "for evaluation; a re-run calibrates on every sample it is given, so give it the same ones)"
@@ -341,6 +342,17 @@ def quantize_with_budget(
     )
     write_config(config_path, config, result.chosen.overrides, note)
     return final, result, config_path
+
+
+def _trials_note(thresholds: Any, smoothed: Any, ranges: Any, corrected: Any, finetune: Any) -> str:
+    """The config note's words on each trial the search ran, in the order it ran them."""
+    return (
+        trial_note("MSE thresholds", thresholds, "chosen over min/max", "tried, min/max kept")
+        + trial_note("SmoothQuant", smoothed)
+        + _ranges_note(ranges)
+        + trial_note("bias correction", corrected)
+        + trial_note("fast finetune (AdaQuant)", finetune, digits=5)
+    )
 
 
 def _with_ranges(config: QuantConfig, ranges: RangeSearch) -> QuantConfig:

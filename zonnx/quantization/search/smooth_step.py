@@ -17,7 +17,7 @@ for a model, and every layer stays int8 either way, so the step costs no NPU tim
 
 from __future__ import annotations
 
-__all__ = ["takes_smooth_trial", "try_smooth_quant", "smooth_quant_note"]
+__all__ = ["takes_smooth_trial", "try_smooth_quant"]
 
 import dataclasses
 import logging
@@ -30,7 +30,7 @@ import onnx
 
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.prequant import quantized_form
-from zonnx.quantization.search.config_trial import ConfigTrial, try_config
+from zonnx.quantization.search.config_trial import ConfigTrial, log_trial, try_config
 from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
@@ -85,21 +85,6 @@ def try_smooth_quant(
         logger.info("accuracy search: SmoothQuant not tried (it smoothed no activation of this model)")
         return None
     trial = try_config(scorer, _smoothed(scorer.base, load_stats=str(stats_path)), plain)
-    logger.info(
-        "accuracy search: SmoothQuant (alpha %.2f, %d activations) %s %s %.5f -> %.5f",
-        scorer.base.extra.smooth_quant_alpha,
-        record["smoothed"],
-        "kept:" if trial.kept else "not kept (lower score):",
-        metric,
-        trial.plain.score,
-        trial.changed.score,
-    )
+    alpha = baseline_config.extra.smooth_quant_alpha
+    log_trial(f"SmoothQuant (alpha {alpha:.2f}, {record['smoothed']} activations)", trial, metric)
     return trial, result
-
-
-def smooth_quant_note(trial: ConfigTrial | None) -> str:
-    """The config note's words on the trial ("" when there was none)."""
-    if trial is None:
-        return ""
-    verb = "added" if trial.kept else "tried, not kept"
-    return f"; SmoothQuant {verb} ({trial.plain.score:.4f} -> {trial.changed.score:.4f})"

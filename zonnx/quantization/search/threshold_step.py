@@ -14,7 +14,7 @@ and are not second-guessed.
 
 from __future__ import annotations
 
-__all__ = ["takes_mse_trial", "try_mse_thresholds", "thresholds_note"]
+__all__ = ["takes_mse_trial", "try_mse_thresholds"]
 
 import dataclasses
 import logging
@@ -27,7 +27,7 @@ import numpy as np
 from zonnx.quantization.calibration.methods import method_name
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.enums import ZonnxCalibrationMethod
-from zonnx.quantization.search.config_trial import ConfigTrial, try_config
+from zonnx.quantization.search.config_trial import ConfigTrial, log_trial, try_config
 from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
@@ -80,19 +80,5 @@ def try_mse_thresholds(
         extra=dataclasses.replace(base.extra, load_stats=str(stats_path)),
     )
     trial = try_config(scorer, changed, plain)
-    logger.info(
-        "accuracy search: MSE thresholds %s %s %.5f with min/max -> %.5f",
-        "kept:" if trial.kept else "not kept (lower score):",
-        metric,
-        trial.plain.score,
-        trial.changed.score,
-    )
+    log_trial("MSE thresholds (min/max -> MSE)", trial, metric)
     return trial, result
-
-
-def thresholds_note(trial: ConfigTrial | None) -> str:
-    """The config note's words on the trial ("" when there was none)."""
-    if trial is None:
-        return ""
-    verb = "chosen over min/max" if trial.kept else "tried, min/max kept"
-    return f"; MSE thresholds {verb} ({trial.plain.score:.4f} -> {trial.changed.score:.4f})"
