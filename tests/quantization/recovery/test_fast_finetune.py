@@ -301,3 +301,30 @@ def test_transformer_matmuls_qdq() -> None:
     assert set(outcome.skipped.values()) == {"its second input is not a constant weight in the float model"}
     ref = _run(onnx.load(src), held_out)
     assert _sqnr(ref, _run(tuned.model, held_out)) > _sqnr(ref, _run(base.model, held_out)) + 0.5
+
+
+def test_a_learned_bias_that_jumps_a_coarse_grid_step_is_not_kept() -> None:
+    """AdaQuant's bias moves straight through its grid; on a grid far coarser than the layer's error (8-bit
+    power-of-two biases on a DPU) it lands a whole step off (here [0, -1, 1] where the best is 0, which
+    doubles the loss), so the learned bias stays only when it lowers the loss beside the new weights."""
+    import torch
+
+    from zonnx.quantization.recovery.finetune_layers import Grid
+    from zonnx.quantization.recovery.finetune_optimize import LayerData, LayerOp, TuneSettings, tune_layer
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(3, 4, 1, 1)).astype(np.float32)
+    x = rng.normal(size=(16, 4, 6, 6)).astype(np.float32) * 10
+    y = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.tensor([0.3, -0.3, 0.45]))
+    data = LayerData(torch.from_numpy(np.round(x * 8) / 8), torch.from_numpy(x), y)
+    weights, biases = (
+        Grid(np.float32(1 / 64), np.int64(0), -128, 127),
+        Grid(np.float32(1), np.int64(0), -128, 127),
+    )
+    op = LayerOp("conv", {"strides": [1, 1], "dilations": [1, 1], "group": 1})
+    settings = TuneSettings("adaquant", 1000, 0.1, 4, 0.01, (20.0, 2.0), 0.2, 0.5, True, 0)
+    tuned = tune_layer(
+        op, data, w, weights, weights.nearest(w), np.zeros(3, np.float32), biases, settings, math.inf
+    )
+    assert tuned.bias is None  # the bias it started from stays
+    assert tuned.loss_after < 1.01 * tuned.loss_before
