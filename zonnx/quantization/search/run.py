@@ -68,11 +68,18 @@ from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.bias_step import try_bias_correction
 from zonnx.quantization.search.budget import BudgetResult, search_budget, split_eval, write_config
-from zonnx.quantization.search.config_trial import ConfigTrial, trial_note, try_config
+from zonnx.quantization.search.config_trial import trial_note, try_config
 from zonnx.quantization.search.executor import Executor
 from zonnx.quantization.search.finetune_step import finetune_config, try_fast_finetune
 from zonnx.quantization.search.measure import measure_groups, measured_order
 from zonnx.quantization.search.ranges import RangeSearch, search_ranges
+from zonnx.quantization.search.ranges_step import (
+    log_ranges_recheck,
+    log_ranges_trial,
+    ranges_note,
+    with_ranges,
+    without_ranges,
+)
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import feeds_digest
 from zonnx.quantization.search.smooth_step import try_smooth_quant
@@ -258,11 +265,11 @@ def quantize_with_budget(
                 groups=range_groups, keep=keep, validate=held[range_samples : 2 * range_samples],
             )  # fmt: skip
             if ranges.changed:
-                trial = try_config(scorer, _with_ranges(scorer.base, ranges), start)
+                trial = try_config(scorer, with_ranges(scorer.base, ranges), start)
                 start = trial.chosen
-                _log_ranges_trial(trial, metric)
+                log_ranges_trial(trial, metric)
                 if trial.kept:
-                    config = _with_ranges(config, ranges)
+                    config = with_ranges(config, ranges)
                 else:
                     ranges = None
         corrected = None
@@ -276,11 +283,11 @@ def quantize_with_budget(
                     )
         recheck = None
         if ranges is not None and corrected is not None and corrected.kept:
-            recheck = try_config(scorer, _without_ranges(scorer.base, ranges), start)
+            recheck = try_config(scorer, without_ranges(scorer.base, ranges), start)
             start = recheck.chosen
-            _log_ranges_recheck(recheck, metric)
+            log_ranges_recheck(recheck, metric)
             if recheck.kept:
-                config, ranges = _without_ranges(config, ranges), None
+                config, ranges = without_ranges(config, ranges), None
         result = search_budget(
             scorer,
             baseline.report,
@@ -349,74 +356,7 @@ def _trials_note(thresholds: Any, smoothed: Any, ranges: Any, corrected: Any, fi
     return (
         trial_note("MSE thresholds", thresholds, "chosen over min/max", "tried, min/max kept")
         + trial_note("SmoothQuant", smoothed)
-        + _ranges_note(ranges)
+        + ranges_note(ranges)
         + trial_note("bias correction", corrected)
         + trial_note("fast finetune (AdaQuant)", finetune, digits=5)
-    )
-
-
-def _with_ranges(config: QuantConfig, ranges: RangeSearch) -> QuantConfig:
-    """``config`` with the searched ranges as TensorQuantOverrides (the user's own overrides win)."""
-    mine = dict(config.extra.tensor_quant_overrides or {})
-    merged = {**ranges.overrides, **mine}
-    return dataclasses.replace(config, extra=dataclasses.replace(config.extra, tensor_quant_overrides=merged))
-
-
-def _without_ranges(config: QuantConfig, ranges: RangeSearch) -> QuantConfig:
-    """``config`` without the searched ranges: an override equal to a searched one goes, the user's own
-    TensorQuantOverrides (which won over the searched ones in ``_with_ranges``) stay."""
-    merged = dict(config.extra.tensor_quant_overrides or {})
-    kept = {k: v for k, v in merged.items() if ranges.overrides.get(k) != v}
-    return dataclasses.replace(config, extra=dataclasses.replace(config.extra, tensor_quant_overrides=kept))
-
-
-def _log_ranges_recheck(trial: ConfigTrial, metric: str) -> None:
-    """Say whether the clipped ranges still help once bias correction joined them: the two were tried one
-    after the other, each against the configuration before it, so the pair is scored again without the
-    ranges and the ranges stay only when they still score at least as well."""
-    if trial.kept:
-        logger.warning(
-            "range search: with bias correction the clipped ranges no longer help (%s %.5f without them, "
-            "%.5f with); the calibrated ranges are kept.",
-            metric,
-            trial.changed.score,
-            trial.plain.score,
-        )
-    else:
-        logger.info(
-            "range search: with bias correction the clipped ranges still help (%s %.5f, %.5f without)",
-            metric,
-            trial.plain.score,
-            trial.changed.score,
-        )
-
-
-def _log_ranges_trial(trial: ConfigTrial, metric: str) -> None:
-    """Say what the ranges' trial found: the searched ranges stay only when the quantized model with them
-    (after the target's rules and every algorithm of the config) scores at least as well on ``metric``
-    as without them, since the range search judges output noise on a few samples, which can disagree
-    with the task metric."""
-    if trial.kept:
-        logger.info(
-            "range search: %s %.5f with the clipped ranges, %.5f without",
-            metric,
-            trial.changed.score,
-            trial.plain.score,
-        )
-        return
-    logger.warning(
-        "range search: the clipped ranges lower %s on the search samples (%.5f -> %.5f); the calibrated "
-        "ranges are kept. Try more --calib samples, or leave --range-search off.",
-        metric,
-        trial.plain.score,
-        trial.changed.score,
-    )
-
-
-def _ranges_note(ranges: RangeSearch | None) -> str:
-    if ranges is None:
-        return ""
-    return (
-        f"; range search clipped {ranges.changed} of {len(ranges.choices)} group(s) "
-        f"(output noise {ranges.plain_noise:.4g} -> {ranges.noise:.4g})"
     )
