@@ -150,3 +150,15 @@ def test_the_example_config_is_valid_and_documents_every_section(tmp_path: Path)
     assert all(
         f"[{s}]" in EXAMPLE for s in ("model", "optimize", "quantize", "compile", "evaluate", "report")
     )
+
+
+def test_a_budgeted_build_tries_smooth_quant_unless_the_config_says_no(tmp_path: Path) -> None:
+    """With ``accuracy_budget`` the quantize stage runs the search, which tries SmoothQuant; an explicit
+    ``SmoothQuant = false`` in ``[quantize.extra_options]`` keeps it out of the search too."""
+    path = write_config(tmp_path, samples=20)
+    path.write_text(path.read_text().replace("samples = 32\n", "samples = 32\naccuracy_budget = 1.0\n", 1))
+    tried = build(path).results["quantize"]["search"]
+    assert "SmoothQuant" in (tmp_path / "out" / tried["config"]).read_text()
+    path.write_text(path.read_text() + "[quantize.extra_options]\nSmoothQuant = false\n")
+    refused = build(path).results["quantize"]["search"]
+    assert "SmoothQuant" not in (tmp_path / "out" / refused["config"]).read_text()
