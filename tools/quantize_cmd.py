@@ -124,7 +124,8 @@ def quantize(
     bias_correction: bool = typer.Option(
         None,
         "--bias-correction/--no-bias-correction",
-        help="Empirical bias correction (BiasCorrection).",
+        help="Empirical bias correction (BiasCorrection). --accuracy-budget tries it unless --no-bias-correction "
+        "is given.",
         show_default="off; on with a power-of-two --target",
     ),
     smooth_quant: bool = typer.Option(
@@ -362,7 +363,8 @@ def quantize(
                           search_layers, measure_layers, strict, summary_table,
                           input_shapes=parse_input_shapes(input_shape) or None, search_samples=search_samples,
                           min_npu_share=min_npu_share, executor=executor, order_by=search_order,
-                          range_search=range_search, bias_correction=search_bias_correction,
+                          range_search=range_search,
+                          bias_correction="off" if bias_correction is False else search_bias_correction,
                           thresholds_trial=search_thresholds, finetune_trial=search_finetune,
                           smooth_quant_trial="off" if smooth_quant is False else "try",
                           finetune_seconds=search_finetune_seconds)  # fmt: skip

@@ -154,11 +154,12 @@ def test_the_example_config_is_valid_and_documents_every_section(tmp_path: Path)
 
 def test_a_budgeted_build_tries_smooth_quant_unless_the_config_says_no(tmp_path: Path) -> None:
     """With ``accuracy_budget`` the quantize stage runs the search, which tries SmoothQuant; an explicit
-    ``SmoothQuant = false`` in ``[quantize.extra_options]`` keeps it out of the search too."""
+    ``SmoothQuant = false`` in ``[quantize.extra_options]`` keeps it out of the search too, and so does
+    ``BiasCorrection = false`` for the search's bias-correction trial."""
     path = write_config(tmp_path, samples=20)
     path.write_text(path.read_text().replace("samples = 32\n", "samples = 32\naccuracy_budget = 1.0\n", 1))
     tried = build(path).results["quantize"]["search"]
     assert "SmoothQuant" in (tmp_path / "out" / tried["config"]).read_text()
-    path.write_text(path.read_text() + "[quantize.extra_options]\nSmoothQuant = false\n")
-    refused = build(path).results["quantize"]["search"]
-    assert "SmoothQuant" not in (tmp_path / "out" / refused["config"]).read_text()
+    path.write_text(path.read_text() + "[quantize.extra_options]\nSmoothQuant = false\nBiasCorrection = false\n")
+    refused = (tmp_path / "out" / build(path).results["quantize"]["search"]["config"]).read_text()
+    assert "SmoothQuant" not in refused and "bias correction" not in refused

@@ -161,9 +161,10 @@ def test_a_budget_nothing_meets_keeps_the_best_and_strict_fails(digits: Path, tm
         "cosine",
         "--strict",
         "--no-smooth-quant",  # the user's no: the search does not try it either
+        "--no-bias-correction",  # nor this one
     )
     assert proc.returncode == 1 and "NOT met" in proc.stdout
-    assert "SmoothQuant" not in proc.stdout
+    assert "SmoothQuant" not in proc.stdout and "bias correction" not in proc.stdout
     assert (tmp_path / "s.onnx").is_file()  # the best model is still saved
 
 

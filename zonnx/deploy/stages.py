@@ -240,10 +240,12 @@ def run_quantize(ctx: StageContext) -> dict[str, Any]:
 
             metric = q["metric"] or ("cosine" if ctx.config.get("evaluate", "metric") == "accuracy" else
                                      ctx.config.get("evaluate", "metric"))  # fmt: skip
-            smooth_trial = "off" if q["extra_options"].get("SmoothQuant") is False else "try"  # the user's no
+            said_no = {k for k in ("SmoothQuant", "BiasCorrection") if q["extra_options"].get(k) is False}
             result, search, config_path = quantize_with_budget(
                 opt, out, ListReader(samples), cfg, budget=float(q["accuracy_budget"]), metric=metric,
-                measure_layers=measure, executor=executor, smooth_quant_trial=smooth_trial,
+                measure_layers=measure, executor=executor,
+                smooth_quant_trial="off" if "SmoothQuant" in said_no else "try",  # the user's no holds
+                bias_correction="off" if "BiasCorrection" in said_no else "try",
             )  # fmt: skip
             record["search"] = {"metric": metric, "met": search.met, "table": search.table(),
                                 "config": config_path.name}  # fmt: skip
