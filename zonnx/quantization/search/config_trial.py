@@ -12,12 +12,17 @@ bias correction (``bias_step.py``). Each leaves every layer int8, so each is che
 
 from __future__ import annotations
 
-__all__ = ["ConfigTrial", "try_config", "log_trial", "trial_note"]
+__all__ = ["ConfigTrial", "try_config", "recalibrate", "try_recalibrated", "log_trial", "trial_note"]
 
 import dataclasses
 import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.config import QuantConfig
 from zonnx.quantization.search.scorer import Candidate
 
@@ -53,6 +58,39 @@ def try_config(scorer: Any, changed: QuantConfig, plain: Candidate | None = None
     if not trial.kept:
         scorer.base = base
     return trial
+
+
+def _stats(config: QuantConfig, **paths: str | None) -> QuantConfig:
+    return dataclasses.replace(config, extra=dataclasses.replace(config.extra, **paths))
+
+
+def recalibrate(
+    model_input: str | Path,
+    calib: Sequence[dict[str, np.ndarray]],
+    baseline_config: QuantConfig,
+    change: Callable[[QuantConfig], QuantConfig],
+    stats_path: Path,
+    calibration_executor: Any = None,
+) -> Any:
+    """Quantize as the search's baseline was (``baseline_config``) with ``change`` applied, calibrating
+    anew and saving the statistics in ``stats_path``; the ``QuantizeResult`` (with its report)."""
+    from zonnx.quantization.api import quantize_static
+
+    config = change(_stats(baseline_config, load_stats=None, save_stats=str(stats_path)))
+    return quantize_static(
+        model_input, None, ListReader(list(calib)), config=config, calibration_executor=calibration_executor
+    )
+
+
+def try_recalibrated(
+    scorer: Any,
+    change: Callable[[QuantConfig], QuantConfig],
+    stats_path: Path,
+    plain: Candidate | None = None,
+) -> ConfigTrial:
+    """``try_config`` of ``scorer.base`` with ``change`` applied and the statistics ``recalibrate`` saved
+    in ``stats_path`` loaded."""
+    return try_config(scorer, change(_stats(scorer.base, load_stats=str(stats_path))), plain)
 
 
 def log_trial(what: str, trial: ConfigTrial, metric: str) -> None:

@@ -234,6 +234,7 @@ def quantize_with_budget(
                 scorer, metric, model_input, calib,
                 dataclasses.replace(base, calibrate_method=config.calibrate_method),
                 Path(work) / "stats-smooth.npz", start, calibration_executor=shard_on,
+                prequantized=baseline.prequant.form if baseline.prequant is not None else None,
             )  # fmt: skip
             if tried is not None:
                 smoothed, smooth_baseline = tried

@@ -26,32 +26,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
-from zonnx.quantization.calibration.readers import ListReader
-from zonnx.quantization.prequant import quantized_form
-from zonnx.quantization.search.config_trial import ConfigTrial, log_trial, try_config
+from zonnx.quantization.search.config_trial import ConfigTrial, log_trial, recalibrate, try_recalibrated
 from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
 
 
-def takes_smooth_trial(config: Any, model_input: str | Path) -> bool:
-    """True when ``config`` does not smooth already and the model is float, or a pre-quantized model the
-    configuration re-quantizes from scratch (``PrequantRequantize``): one that keeps its own grids takes
-    no rescaling of its channels (``prequant.keep_imported_grids``)."""
+def takes_smooth_trial(config: Any, prequantized: str | None) -> bool:
+    """True when ``config`` does not smooth already and the model is float, or a pre-quantized model (of
+    form ``prequantized``) the configuration re-quantizes from scratch (``PrequantRequantize``): one that
+    keeps its own grids takes no rescaling of its channels (``prequant.keep_imported_grids``)."""
     if config.extra.smooth_quant:
         return False
-    if config.extra.prequant_requantize:
-        return True
-    form = quantized_form(onnx.load(str(model_input), load_external_data=False))
-    if form is not None:
-        logger.info("accuracy search: SmoothQuant not tried (a pre-quantized %s model keeps its grids)", form)
-    return form is None
+    if prequantized is not None and not config.extra.prequant_requantize:
+        logger.info(
+            "accuracy search: SmoothQuant not tried (a pre-quantized %s model keeps its grids)", prequantized
+        )
+        return False
+    return True
 
 
-def _smoothed(config: Any, **extra: Any) -> Any:
-    return dataclasses.replace(config, extra=dataclasses.replace(config.extra, smooth_quant=True, **extra))
+def _smoothed(config: Any) -> Any:
+    return dataclasses.replace(config, extra=dataclasses.replace(config.extra, smooth_quant=True))
 
 
 def try_smooth_quant(
@@ -63,28 +60,22 @@ def try_smooth_quant(
     stats_path: Path,
     plain: Candidate | None = None,
     calibration_executor: Any = None,
+    prequantized: str | None = None,
 ) -> tuple[ConfigTrial, Any] | None:
     """Quantize as the search's baseline was (``baseline_config``, with its report) but with SmoothQuant,
     saving the smoothed model's statistics in ``stats_path``, and A/B it against ``scorer.base`` (or
     ``plain``, its scored candidate); the kept one stays the scorer's base. Returns the trial and the
     smoothed baseline's ``QuantizeResult`` (the search's new baseline when kept), or None when the step
-    does not apply (module docstring)."""
-    from zonnx.quantization.api import quantize_static
-
-    if not takes_smooth_trial(scorer.base, model_input):
+    does not apply (module docstring). ``prequantized``: the input's pre-quantized form (the baseline's
+    ``QuantizeResult.prequant.form``), None for a float model."""
+    if not takes_smooth_trial(scorer.base, prequantized):
         return None
-    result = quantize_static(
-        model_input,
-        None,
-        ListReader(list(calib)),
-        config=_smoothed(baseline_config, load_stats=None, save_stats=str(stats_path)),
-        calibration_executor=calibration_executor,
-    )
+    result = recalibrate(model_input, calib, baseline_config, _smoothed, stats_path, calibration_executor)
     record = (result.recovery or {}).get("smooth_quant") or {}
     if not record.get("smoothed"):
         logger.info("accuracy search: SmoothQuant not tried (it smoothed no activation of this model)")
         return None
-    trial = try_config(scorer, _smoothed(scorer.base, load_stats=str(stats_path)), plain)
+    trial = try_recalibrated(scorer, _smoothed, stats_path, plain)
     alpha = baseline_config.extra.smooth_quant_alpha
     log_trial(f"SmoothQuant (alpha {alpha:.2f}, {record['smoothed']} activations)", trial, metric)
     return trial, result

@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 
 from zonnx.quantization.calibration.methods import method_name
-from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.enums import ZonnxCalibrationMethod
-from zonnx.quantization.search.config_trial import ConfigTrial, log_trial, try_config
+from zonnx.quantization.search.config_trial import ConfigTrial, log_trial, recalibrate, try_recalibrated
 from zonnx.quantization.search.scorer import Candidate
 
 logger = logging.getLogger(__name__)
@@ -40,6 +39,10 @@ def takes_mse_trial(config: Any) -> bool:
         and not config.extra.calib_moving_average
         and not config.power_of_two
     )
+
+
+def _with_mse(config: Any) -> Any:
+    return dataclasses.replace(config, calibrate_method=ZonnxCalibrationMethod.MSE)
 
 
 def try_mse_thresholds(
@@ -57,28 +60,9 @@ def try_mse_thresholds(
     ``plain``, its scored candidate); the kept one stays the scorer's base. Returns the trial and the MSE
     baseline's ``QuantizeResult`` (the search's new baseline when kept), or None when the configuration
     does not calibrate by plain min/max (module docstring)."""
-    from zonnx.quantization.api import quantize_static
-
-    base = scorer.base
-    if not takes_mse_trial(base):
+    if not takes_mse_trial(scorer.base):
         return None
-    calibrate = dataclasses.replace(
-        baseline_config,
-        calibrate_method=ZonnxCalibrationMethod.MSE,
-        extra=dataclasses.replace(baseline_config.extra, load_stats=None, save_stats=str(stats_path)),
-    )
-    result = quantize_static(
-        model_input,
-        None,
-        ListReader(list(calib)),
-        config=calibrate,
-        calibration_executor=calibration_executor,
-    )
-    changed = dataclasses.replace(
-        base,
-        calibrate_method=ZonnxCalibrationMethod.MSE,
-        extra=dataclasses.replace(base.extra, load_stats=str(stats_path)),
-    )
-    trial = try_config(scorer, changed, plain)
+    result = recalibrate(model_input, calib, baseline_config, _with_mse, stats_path, calibration_executor)
+    trial = try_recalibrated(scorer, _with_mse, stats_path, plain)
     log_trial("MSE thresholds (min/max -> MSE)", trial, metric)
     return trial, result
