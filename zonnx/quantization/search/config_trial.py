@@ -6,8 +6,11 @@ keep the change when its score is at least the base's. The scorer's base is left
 configuration, and the kept side's scored candidate is the next step's starting point, so no step
 scores the same configuration twice (the base's score can be handed in from the step before).
 
-Both steps the search takes before raising any layer use it: the searched ranges (``ranges.py``) and
-bias correction (``bias_step.py``). Each leaves every layer int8, so each is cheaper than a raised layer.
+Every step the search takes before raising any layer uses it: MSE thresholds (``threshold_step.py``),
+SmoothQuant (``smooth_step.py``), the searched ranges (``ranges_step.py``) and bias correction
+(``bias_step.py``). Each leaves every layer int8, so each is cheaper than a raised layer. The two that
+calibrate anew (thresholds, SmoothQuant) quantize the changed baseline once with ``recalibrate``, which
+saves its statistics, and score it with ``try_recalibrated``, which loads them.
 """
 
 from __future__ import annotations
