@@ -11,6 +11,8 @@ written. The corrected bias stays on its quantization grid:
 
 - stored codes (QDQ int32 bias, Vitis DQ codes): ``codes' = clip(codes + round(e / s_b))``, the scale
   ``s_b`` (= s_x * s_w) kept; the clip range is the code type's, narrowed to the target's ``bias_bits``.
+  A stored bias on a power-of-two grid of its own (a power-of-two target's QDQ bias, Vitis DQ codes)
+  that no longer fits is first re-expressed at a wider position, as below.
 - a float bias under a FixNeuron / Vitis Q->DQ / QuantizeLinear pair: ``b' = dq(q(b)) + e``, rounded by
   the quantizer at run time. A power-of-two bias that no longer fits its position gets the largest
   position that holds it, but never below what the target's shift_bias rule allows
@@ -223,22 +225,37 @@ class _Corrector:
             )
             return False, False
         if q.stored:
-            return self._codes(layer, current, delta), False
+            return self._codes(layer, current, delta)
         return self._float(layer, current, delta)
 
-    def _codes(self, layer: _Layer, codes: np.ndarray, delta: np.ndarray) -> bool:
+    def _codes(self, layer: _Layer, codes: np.ndarray, delta: np.ndarray) -> tuple[bool, bool]:
+        """Stored codes move by ``round(e / s_b)``; a power-of-two bias that overflows widens first."""
         q = layer.quantizer
         if q.form == "vitis_dq":
             scale = np.asarray(2.0 ** -q.nodes[0].attributes.get_int("pos", 0))
         else:
             scale = np.asarray(const_array(q.nodes[0].inputs[1]), np.float64)
             scale = scale.reshape(-1) if scale.size > 1 else scale.reshape(())
-        step = np.rint(delta / scale)
         lo, hi = _int_range(q, codes, self.target)
-        wanted = codes.astype(np.float64) + step
+        wanted = codes.astype(np.float64) + np.rint(delta / scale)
+        moved = False
+        if self._own_pof2_grid(q) and (wanted.min() < lo or wanted.max() > hi):
+            real = codes.astype(np.float64) * scale + delta
+            pos = self._fitting_pos(layer, real, lo, hi)
+            if pos is not None and pos != layer.site.pos and self.graph.set_pos(layer.site, pos):
+                moved = True
+                self.moved += 1
+                codes = const_array(q.source)  # set_pos re-expressed the stored codes
+                wanted = np.rint(real / 2.0**-pos)
         new = np.clip(wanted, lo, hi)
         self.clipped += int(np.count_nonzero(new != wanted))
-        return self._store(q, new.astype(codes.dtype), codes)
+        return self._store(q, new.astype(codes.dtype), codes), moved
+
+    def _own_pof2_grid(self, q: Quantizer) -> bool:
+        """Whether a stored bias has a power-of-two position of its own (not tied to s_x * s_w)."""
+        if q.form in _POF2_FORMS:
+            return True
+        return self.target is not None and self.target.quant.scale == "power_of_two"
 
     def _float(self, layer: _Layer, b: np.ndarray, delta: np.ndarray) -> tuple[bool, bool]:
         q = layer.quantizer
