@@ -240,18 +240,21 @@ def compare_outputs(source: onnx.ModelProto | str, result: onnx.ModelProto, feed
     import onnxruntime as ort
 
     from zonnx.ir.io import to_proto
+    from zonnx.ir.large import ort_session as large_session
+    from zonnx.verify import exact_integer_form
 
     def session(m: onnx.ModelProto | str) -> ort.InferenceSession:
-        """ORT's session on ``m``, optimized; when ORT's fusions refuse a valid QDQ graph (4-bit codes into
-        QLinearConv), the graph as written; when that fails too, one VerificationError line."""
-        arg = m if isinstance(m, str) else to_proto(m).SerializeToString()
+        """ORT's session on ``m`` in its exact integer form (``verify.exact_integer_form``: no saturating
+        u8 x s8 kernels on a host without VNNI), optimized; when ORT's fusions refuse a valid QDQ graph
+        (4-bit codes into QLinearConv), the graph as written; when that fails too, one VerificationError line."""
+        proto = exact_integer_form(onnx.load(m) if isinstance(m, str) else to_proto(m))
         levels = [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
         while True:
             opts = ort.SessionOptions()
             opts.log_severity_level = 3
             opts.graph_optimization_level = levels.pop(0)
             try:
-                return ort.InferenceSession(arg, opts, providers=list(providers or ["CPUExecutionProvider"]))
+                return large_session(proto, opts, list(providers or ["CPUExecutionProvider"]))
             except Exception as e:  # ORT's exception classes share no public base
                 first = first_line(e)
                 if not levels:
