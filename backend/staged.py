@@ -48,35 +48,58 @@ def open_executable(model: bytes | str, sess_options: ort.SessionOptions | None)
 
 
 class StagedExecutor:
-    """The reference executor: ORT sessions over CPU parts, numpy ``run_program`` for NPU nodes, in order."""
+    """The reference executor: ORT sessions over CPU parts, numpy ``run_program`` for NPU nodes, in order.
+
+    Each CPU part is the ORT model ORT sees of it in the lowered model, so ORT fuses the same QDQ groups
+    (into QLinearConv, QLinearAdd, QGemm, ...) and computes the same numbers: a part exports only the
+    tensors later parts or the graph's outputs read, and carries its own copy of the constant-only nodes it
+    reads (the DequantizeLinear of its weights), wherever they stand in the graph. (Exporting every tensor
+    and reading dequantized weights as inputs kept ORT from fusing, and its float path can round a value one
+    step differently from the fused integer kernel the lowered model runs.)
+    """
 
     def __init__(self, model: onnx.ModelProto, sess_options: ort.SessionOptions | None) -> None:
         g = model.graph
         inits = {t.name: t for t in g.initializer}
         types = {i.name: i.type.tensor_type.elem_type for i in g.input}
+        plan: list[onnx.NodeProto | list[onnx.NodeProto]] = []  # NPU nodes and runs of CPU nodes between them
+        for n in g.node:  # topological order
+            if n.op_type == NPU_OP and n.domain == NPU_DOMAIN:
+                plan.append(n)
+            elif plan and isinstance(plan[-1], list):
+                plan[-1].append(n)
+            else:
+                plan.append([n])
+        const = _constant_producers(g, inits)
+        order = {id(n): k for k, n in enumerate(g.node)}
+        parts: list[onnx.NodeProto | list[onnx.NodeProto]] = []
+        for step in plan:
+            parts.append(_with_constants(step, const, order) if isinstance(step, list) else step)
+        graph_outputs = {o.name for o in g.output}
         self.stages: list[tuple[str, Any, list[str], list[str]]] = []
-        cpu: list[onnx.NodeProto] = []
-        for n in g.node:  # topological order: runs of CPU nodes between NPU nodes
-            if not (n.op_type == NPU_OP and n.domain == NPU_DOMAIN):
-                cpu.append(n)
+        for k, part in enumerate(parts):
+            if not isinstance(part, list):
+                prog = read_program(part)
+                self.stages.append(("npu", prog, list(part.input), list(part.output)))
+                for o, info in zip(part.output, prog.outputs, strict=True):
+                    types[o] = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
                 continue
-            if cpu:
-                self.stages.append(self._cpu_stage(model, cpu, inits, types, sess_options))
-                cpu = []
-            prog = read_program(n)
-            self.stages.append(("npu", prog, list(n.input), list(n.output)))
-            for o, info in zip(n.output, prog.outputs, strict=True):
-                types[o] = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
-        if cpu:
-            self.stages.append(self._cpu_stage(model, cpu, inits, types, sess_options))
+            read_later = set(graph_outputs)
+            for later in parts[k + 1 :]:
+                read_later.update(_reads(later if isinstance(later, list) else [later]))
+            nodes = _prune(part, read_later, const)
+            if nodes:
+                self.stages.append(self._cpu_stage(model, nodes, inits, types, sess_options, read_later))
         self.output_names = [o.name for o in g.output]
 
     @staticmethod
-    def _cpu_stage(model, nodes, inits, types, sess_options) -> tuple[str, Any, list[str], list[str]]:
+    def _cpu_stage(
+        model, nodes, inits, types, sess_options, read_later
+    ) -> tuple[str, Any, list[str], list[str]]:
         made = {o for n in nodes for o in n.output}
         needed = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in made))
         feeds = [i for i in needed if i not in inits]
-        outs = list(dict.fromkeys(o for n in nodes for o in n.output if o))
+        outs = list(dict.fromkeys(o for n in nodes for o in n.output if o and o in read_later))
         graph = onnx.helper.make_graph(
             nodes,
             "stage",
@@ -104,3 +127,73 @@ class StagedExecutor:
                 for o, t in zip(outs, runner.outputs, strict=True):
                     env[o] = got[t.name].astype(t.dtype)
         return [env[n] for n in names]
+
+
+def _constant_producers(
+    graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto]
+) -> dict[str, onnx.NodeProto]:
+    """Output name -> node, for CPU nodes that read only initializers and other such nodes' outputs (no
+    subgraphs): a stage can compute them itself."""
+    known, out = set(inits), {}
+    for n in graph.node:
+        if n.op_type == NPU_OP and n.domain == NPU_DOMAIN:
+            continue
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
+            continue
+        if all(not i or i in known for i in n.input):
+            known.update(o for o in n.output if o)
+            out.update((o, n) for o in n.output if o)
+    return out
+
+
+def _node_reads(n: onnx.NodeProto) -> set[str]:
+    """The tensors ``n`` reads: its inputs and every name its subgraphs' nodes read (a superset of the
+    outer-scope ones)."""
+    names = {i for i in n.input if i}
+    for a in n.attribute:
+        for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+            for m in sub.node:
+                names |= _node_reads(m)
+    return names
+
+
+def _reads(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The tensors ``nodes`` read from outside themselves."""
+    made = {o for n in nodes for o in n.output}
+    return {i for n in nodes for i in _node_reads(n) if i not in made}
+
+
+def _with_constants(
+    nodes: list[onnx.NodeProto], const: Mapping[str, onnx.NodeProto], order: Mapping[int, int]
+) -> list[onnx.NodeProto]:
+    """``nodes`` after the constant-only nodes they read that they do not hold, in graph order."""
+    have = {id(n) for n in nodes}
+    pulled: list[onnx.NodeProto] = []
+
+    def pull(name: str) -> None:
+        src = const.get(name)
+        if src is None or id(src) in have:
+            return
+        have.add(id(src))
+        pulled.append(src)
+        for i in src.input:
+            pull(i)
+
+    for n in nodes:
+        for i in n.input:
+            pull(i)
+    return sorted(pulled + nodes, key=lambda n: order[id(n)])  # graph order is topological order
+
+
+def _prune(
+    nodes: list[onnx.NodeProto], read_later: set[str], const: Mapping[str, onnx.NodeProto]
+) -> list[onnx.NodeProto]:
+    """``nodes`` without the constant-only ones nothing in the stage reads and no later stage needs from it."""
+    keep = list(nodes)
+    while True:
+        read = {i for n in keep for i in _node_reads(n)} | read_later
+        drop = [n for n in keep if n.output and all(const.get(o) is n for o in n.output if o)
+                and not any(o in read for o in n.output if o)]  # fmt: skip
+        if not drop:
+            return keep
+        keep = [n for n in keep if all(n is not d for d in drop)]
