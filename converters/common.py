@@ -79,6 +79,8 @@ class OutputCheck:
     max_abs: float
     max_lsb: int | None = None
     ref_max_abs: float = float("inf")
+    #: What the output was compared with when not the source's own run (e.g. torch re-run exactly).
+    reference: str = ""
 
     def passed(self, min_cosine: float, max_lsb: int | None, atol: float = 0.0) -> bool:
         """Integer outputs: within ``max_lsb`` codes. Float outputs: cosine at least ``min_cosine``; or,
@@ -106,12 +108,16 @@ def check_against_source(
     min_cosine: float = DEFAULT_MIN_COSINE,
     max_lsb: int | None = 1,
     atol: float = DEFAULT_ATOL,
+    reference: str = "",
+    note: str = "",
 ) -> list[OutputCheck]:
     """Run the ONNX model (ORT) and the source on every feed and compare outputs by name.
 
     The rule: every output must reach ``min_cosine`` (float) or differ by at most ``max_lsb`` codes
     (integer outputs); otherwise ConversionError names the output and the numbers. Outputs are matched
     by name, or by position when the source returns unnamed outputs (keys "0", "1", ...).
+    ``reference`` names what ``source_run`` is when not the source's own run (recorded in each check);
+    ``note`` is appended to a mismatch's message (what the user must know about the source's numbers).
     """
     if not feeds_list:
         raise ConversionError("the numeric check needs at least one input sample.")
@@ -142,6 +148,7 @@ def check_against_source(
                 float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64)), initial=0.0)),
                 lsb,
                 float(np.max(np.abs(ref.astype(np.float64)), initial=0.0)),
+                reference,
             )
             prev = worst.get(name)
             if prev is None or check.cosine < prev.cosine or (check.max_lsb or 0) > (prev.max_lsb or 0):
@@ -154,7 +161,11 @@ def check_against_source(
                 if c.max_lsb is not None
                 else f"cosine {c.cosine:.6f} (needs {min_cosine}), max abs error {c.max_abs:.3g}"
             )
-            raise ConversionError(f"output {c.name!r} does not match the source framework: {detail}.")
+            against = f" ({reference})" if reference else ""
+            raise ConversionError(
+                f"output {c.name!r} does not match the source framework{against}: {detail}"
+                + (f"; {note}." if note else ".")
+            )
     return checks
 
 

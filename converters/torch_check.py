@@ -3,15 +3,36 @@
 The check inputs are the example and generated samples of its shapes and dtypes (one more with every
 dynamic dim doubled). A quantized model's outputs made by a per-tensor DequantizeLinear are compared
 in integer codes. An ORT failure becomes one line naming the node and the input sizes.
+
+A module with packed quantized weights runs torch's fbgemm / x86 / oneDNN kernels, which on x86 without
+VNNI add u8 x s8 products in saturating 16-bit pairs (activation codes above 128 against 127 weights): torch's
+own numbers are then off by up to tens of codes, and ORT's exact run would be blamed for them. Where a probe
+shows those kernels saturate, the check compares with a copy of the module re-packed for QNNPACK (u8 x u8 in
+32 bits: exact, the same weights and quantization parameters); if that copy cannot be made or run, with
+torch's own run, and a mismatch's message says torch's numbers are inexact on this CPU.
 """
 
 from __future__ import annotations
 
-__all__ = ["check_against_torch", "check_args", "codes_view", "flatten", "quant_input_ranges"]
+__all__ = [
+    "check_against_torch",
+    "check_args",
+    "codes_view",
+    "flatten",
+    "quant_input_ranges",
+    "torch_u8s8_exact",
+    "has_packed_weights",
+    "exact_source",
+    "QNNPACK_REFERENCE",
+]
 
+import contextlib
+import copy
+import functools
+import io
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -117,6 +138,100 @@ def codes_view(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Any]:
     return view, to_codes
 
 
+# ---------------------------------------------------------------- an exact torch run
+
+#: ``OutputCheck.reference`` when torch's result came from the module re-packed for QNNPACK.
+QNNPACK_REFERENCE = (
+    "torch re-run with QNNPACK, exact: its x86/fbgemm kernels saturate u8 x s8 sums on this CPU"
+)
+#: The engines whose u8 x s8 kernels use 16-bit pair sums on x86 without VNNI (QNNPACK is u8 x u8, 32-bit).
+_PACKING_ENGINES = ("fbgemm", "x86", "onednn")
+
+
+@contextlib.contextmanager
+def _engine(name: str) -> Iterator[None]:
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = previous
+
+
+@functools.cache
+def torch_u8s8_exact(engine: str) -> bool:
+    """Whether torch's quantized Linear packed under ``engine`` adds 64 products 255 x 127 exactly here
+    (x86 without VNNI: pairs overflow int16 and the sum comes out near half; ``zonnx.hostcpu``)."""
+    k = 64
+    try:
+        with _engine(engine), torch.no_grad():
+            linear = torch.ao.nn.quantized.Linear(k, 4)
+            weight = torch.quantize_per_tensor(torch.full((4, k), 127.0), 1.0, 0, torch.qint8)
+            linear.set_weight_bias(weight, None)
+            linear.scale, linear.zero_point = k * 255 * 127 / 200, 0  # the exact sum is code 200
+            x = torch.quantize_per_tensor(torch.full((8, k), 255.0), 1.0, 0, torch.quint8)
+            return bool((linear(x).int_repr() == 200).all())
+    except RuntimeError:  # an engine this build cannot run packs no module's weights either
+        return True
+
+
+def _torch_saturates() -> bool:
+    """Whether any engine a module may have been packed under saturates u8 x s8 sums on this host."""
+    engines = set(torch.backends.quantized.supported_engines)
+    return any(not torch_u8s8_exact(e) for e in _PACKING_ENGINES if e in engines)
+
+
+def has_packed_weights(module: Any) -> bool:
+    """Whether ``module`` (eager or TorchScript) holds packed quantized weights (torch's integer kernels)."""
+    modules = module.modules() if hasattr(module, "modules") else ()
+    return any(isinstance(getattr(m, "_packed_params", None), torch.ScriptObject) for m in modules)
+
+
+def _qnnpack_copy(module: Any) -> Any:
+    """``module`` with every packed weight re-packed for QNNPACK (unpacked and packed again: same numbers)."""
+    with _engine("qnnpack"):
+        if isinstance(module, torch.jit.ScriptModule):
+            buffer = io.BytesIO()
+            torch.jit.save(module, buffer)
+            buffer.seek(0)
+            return torch.jit.load(buffer)
+        return copy.deepcopy(module)
+
+
+def exact_source(module: Any, first: TorchArgs) -> tuple[Callable[..., Any], str, str]:
+    """How to run ``module`` exactly on this host: (run, reference, note on a mismatch).
+
+    A module with packed quantized weights, on a host where torch's x86/fbgemm kernels saturate u8 x s8
+    sums, runs as a QNNPACK copy (tried on ``first``); if that fails, as itself, with a note naming the
+    cause. Any other module runs as itself, with no reference or note.
+    """
+    if not (has_packed_weights(module) and _torch_saturates()):
+        return module, "", ""
+    cpu = "without VNNI, torch's x86/fbgemm kernels add u8 x s8 products in saturating 16-bit pairs"
+    if "qnnpack" not in torch.backends.quantized.supported_engines:
+        return module, "", f"torch's own result is not exact on this CPU ({cpu}; this torch has no QNNPACK)"
+    try:
+        exact = _qnnpack_copy(module)
+        with _engine("qnnpack"), torch.no_grad():
+            exact(*first)
+    except Exception as e:  # any failure of a user's module: fall back to its own run, and say so
+        return (
+            module,
+            "",
+            (
+                f"torch's own result is not exact on this CPU ({cpu}), and its QNNPACK re-run, exact, failed: "
+                f"{type(e).__name__}: {first_line(e)}"
+            ),
+        )
+
+    def run(*args: Any) -> Any:
+        with _engine("qnnpack"):
+            return exact(*args)
+
+    logger.info("conversion check: %s; compared with that run", QNNPACK_REFERENCE)
+    return run, QNNPACK_REFERENCE, ""
+
+
 # ---------------------------------------------------------------- check inputs
 
 
@@ -169,13 +284,14 @@ def check_against_torch(
     view, to_codes = codes_view(model)
     feeds_list, refs, skipped = [], {}, []
     generated = len(samples) if generated is None else generated
+    source, reference, note = exact_source(module, samples[0]) if samples else (module, "", "")
     with torch.no_grad():
         for index, args in enumerate(samples):
             feeds = {
                 n: _to_numpy(t) for n, t in zip(in_names, args, strict=False) if isinstance(t, torch.Tensor)
             }
             try:
-                theirs = [_to_numpy(t) for t in flatten(module(*args))]
+                theirs = [_to_numpy(t) for t in flatten(source(*args))]
             except Exception as e:  # the user's module raises anything; given samples must run
                 if index == 0:
                     raise
@@ -200,7 +316,13 @@ def check_against_torch(
         )
     try:
         return check_against_source(
-            view, lambda f: refs[id(f)], feeds_list, min_cosine=min_cosine, max_lsb=max_lsb
+            view,
+            lambda f: refs[id(f)],
+            feeds_list,
+            min_cosine=min_cosine,
+            max_lsb=max_lsb,
+            reference=reference,
+            note=note,
         )
     except VerificationError as e:
         raise ConversionError(_runtime_failure(str(e), feeds_list)) from None

@@ -18,6 +18,7 @@ import zonnx.convert
 from zonnx.converters.common import ConversionError, ConversionResult
 from zonnx.converters.dispatch import ConvertOptions
 from zonnx.converters.from_torch import from_torch
+from zonnx.converters.torch_check import QNNPACK_REFERENCE, check_against_torch, check_args, torch_u8s8_exact
 from zonnx.inspection import inspect_model
 from zonnx.verify import exact_integer_form
 from zonnx.zoo.torch_models import resnet18_module
@@ -260,6 +261,10 @@ def test_torch_quantized_model_imports_as_qdq(engine: str, qat: bool) -> None:
         ops.count("QuantizeLinear") >= 6 and "Conv" in ops and not any(o.startswith("QLinear") for o in ops)
     )
     assert result.checks[0].max_lsb is not None and result.checks[0].max_lsb <= 1
+    # the check compares with an exact torch run: fbgemm's own where its u8 x s8 sums are exact (VNNI), else
+    # the module re-packed for QNNPACK (without VNNI fbgemm saturates: 3 codes off on this QAT model's check)
+    exact_here = all(torch_u8s8_exact(e) for e in ("fbgemm", "x86", "onednn"))
+    assert result.checks[0].reference == ("" if exact_here else QNNPACK_REFERENCE)
     summary = inspect_model(model).quantization
     assert (
         summary.format == "QDQ" and "int8" in summary.weight_dtypes and "uint8" in summary.activation_dtypes
@@ -268,6 +273,7 @@ def test_torch_quantized_model_imports_as_qdq(engine: str, qat: bool) -> None:
         summary.per_channel >= 3 if engine == "fbgemm" else summary.per_channel == 0
     )
     # independent check: integer codes of torch's output vs ORT's, on fresh inputs of the calibration range
+    # (standard normal: codes stay low enough that fbgemm's pair sums do not saturate here either)
     final_dq = next(n for n in model.graph.node if n.output[0] == "output")
     scale = float(
         onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == final_dq.input[1]))
@@ -281,6 +287,41 @@ def test_torch_quantized_model_imports_as_qdq(engine: str, qat: bool) -> None:
         worst = max(worst, int(np.abs(got - want).max()))
         differing += int((got != want).sum())
     assert worst <= 1 and differing < 4 * 10 * 5 * 0.1
+
+
+def _qnnpack_copy_fails(module: object) -> object:
+    raise RuntimeError("QNNPACK cannot pack this")
+
+
+def test_torch_inexact_source_is_named_when_no_exact_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torch's kernels saturate and no exact re-run can be made, a mismatch says torch is inexact here."""
+    import zonnx.converters.torch_check as torch_check
+
+    module = quantized_net("fbgemm", qat=True)
+    x = torch.randn(1, 3, 16, 16)
+    model = from_torch(module, x, check=False).model
+    made_by = {o: n for n in model.graph.node for o in n.output}
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    bias_dq = made_by[gemm.input[2]]  # DequantizeLinear of fc's int32 bias, scale x_scale * w_scale
+    inits = {t.name: t for t in model.graph.initializer}
+    bias = inits[bias_dq.input[0]]
+    bias_scale = onnx.numpy_helper.to_array(inits[bias_dq.input[1]]).astype(np.float64)
+    out_scale = float(onnx.numpy_helper.to_array(inits[made_by["output"].input[1]]))
+    shift = np.round(-6 * out_scale / bias_scale).astype(np.int32)  # 6 output codes down: a real mismatch
+    bias.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(bias) + shift, bias.name))
+    samples = check_args((x,), ["x"], {}, {})
+    monkeypatch.setattr(torch_check, "_torch_saturates", lambda: True)
+    monkeypatch.setattr(torch_check, "_qnnpack_copy", _qnnpack_copy_fails)
+    with pytest.raises(ConversionError) as e:
+        check_against_torch(module, model, samples, ["x"], min_cosine=0.9999, max_lsb=1)
+    message = str(e.value)
+    assert "does not match the source framework:" in message and "LSB (allowed 1)" in message
+    assert "torch's own result is not exact on this CPU" in message and "QNNPACK cannot pack this" in message
+    # with a working re-run the mismatch names what it compared with (the QNNPACK copy), and still fails
+    monkeypatch.undo()
+    monkeypatch.setattr(torch_check, "_torch_saturates", lambda: True)
+    with pytest.raises(ConversionError, match=r"source framework \(torch re-run with QNNPACK, exact"):
+        check_against_torch(module, model, samples, ["x"], min_cosine=0.9999, max_lsb=1)
 
 
 # ---------------------------------------------------------------- files and bad models
