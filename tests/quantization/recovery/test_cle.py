@@ -233,10 +233,13 @@ def test_mobilenetv2_pof2_gains_from_cle() -> None:
     assert after > before + 0.5, (before, after)
 
 
-def test_default_leaves_biases_out_of_the_balance_on_the_trained_digits_cnn() -> None:
-    """dpu-b4096 power-of-two per-tensor, logits SQNR on 256 held-out digits: counting the folded biases in
-    the channel ranges (vai_q_onnx's CLEScaleAppendBias=True) balanced the weights worse than leaving them
-    out (zonnx's default), which keeps plain MinMSE's figure."""
+def test_bias_in_the_balance_is_an_option_and_the_default_keeps_plain_accuracy_on_the_digits_cnn() -> None:
+    """dpu-b4096 power-of-two per-tensor, logits SQNR on 256 held-out digits: CLEScaleAppendBias reaches
+    the equalization (the models differ), and the default (biases left out) keeps plain MinMSE's figure.
+
+    Which of the two balances is better is this trained model's accident, not a rule: the digits CNN's
+    weights differ per CPU (zonnx/zoo/digits.py). Measured (plain, default, with bias): 32.80, 32.81, 32.24
+    dB on the AVX-512 VNNI host where the default was chosen; 30.69, 30.69, 31.36 on an AMD Zen 3 host."""
     src = zonnx.optimize(zoo.get("digits_cnn"))
     x_cal, _ = digits_data("calib")
     x_te, _ = digits_data("test")
@@ -256,4 +259,5 @@ def test_default_leaves_biases_out_of_the_balance_on_the_trained_digits_cnn() ->
     plain = sqnr({})
     default = sqnr({"IncludeCLE": True, "CLESteps": 4})
     with_bias = sqnr({"IncludeCLE": True, "CLESteps": 4, "CLEScaleAppendBias": True})
-    assert default > with_bias + 0.3 and default > plain - 0.1, (plain, default, with_bias)
+    assert default > plain - 0.1, (plain, default, with_bias)
+    assert abs(default - with_bias) > 0.01, (plain, default, with_bias)  # the option changed the balance

@@ -60,26 +60,37 @@ def _search(
 
 def test_a_choice_that_misses_is_fine_tuned_and_written(digits: Path, tmp_path: Path) -> None:
     """Nothing meets a budget of 0.0001 cosine with one layer to raise: the choice is quantized again with
-    AdaQuant, scored on every evaluation sample, kept because it scores higher, and written; the config file
-    carries the settings."""
+    AdaQuant and scored on every evaluation sample; it is kept exactly when it scores at least as well, and
+    the written model and the config file are the kept one's.
+
+    Whether AdaQuant wins here depends on the trained digits CNN, whose weights differ between hosts
+    (zonnx/zoo/digits.py): on the AVX-512 VNNI host it was kept, on an AMD Zen 3 (AVX2) host it scored
+    0.99984 against the choice's 0.99986 and was dropped, as the step's own docstring says it can be. So
+    both verdicts are checked for what follows from them."""
     out = tmp_path / "q.onnx"
     evals = digits_feeds(16, 100)
     final, result, config_path = _search(digits, out, eval_feeds=evals)
     trial = result.finetune
-    assert trial is not None and trial.changed.full and "adaquant" in trial.summary
-    assert trial.changed.score > trial.plain.score and trial.kept
-    assert result.chosen is trial.changed
-    assert [r["candidate"] for r in result.table() if r["chosen"]] == ["choice + fast finetune"]
-    assert final.recovery["fast_finetune"].tuned >= 1  # the written model is the fine-tuned one
+    assert trial is not None and trial.changed.full and "adaquant" in trial.summary and trial.tuned >= 1
+    assert trial.kept == (trial.changed.score >= trial.plain.score)
+    assert trial.changed in result.candidates
     written = FloatReference(str(digits), evals, "cosine", str(digits)).score(onnx.load(out))
-    assert written == pytest.approx(trial.changed.score, abs=1e-12)
     text = config_path.read_text()
-    assert (
-        "IncludeFastFT = true" in text
-        and 'OptimAlgorithm = "adaquant"' in text
-        and "MaxSeconds = inf" in text  # no clock bound: the config repeats the weights
-    )
-    assert "fast finetune (AdaQuant) added" in text
+    if trial.kept:
+        assert result.chosen is trial.changed
+        assert [r["candidate"] for r in result.table() if r["chosen"]] == ["choice + fast finetune"]
+        assert final.recovery["fast_finetune"].tuned >= 1  # the written model is the fine-tuned one
+        assert written == pytest.approx(trial.changed.score, abs=1e-12)
+        assert (
+            "IncludeFastFT = true" in text
+            and 'OptimAlgorithm = "adaquant"' in text
+            and "MaxSeconds = inf" in text  # no clock bound: the config repeats the weights
+        )
+        assert "fast finetune (AdaQuant) added" in text
+    else:
+        assert result.chosen is not trial.changed and "fast_finetune" not in final.recovery
+        assert written == pytest.approx(trial.plain.score, abs=1e-12)  # the plain choice was written over it
+        assert "IncludeFastFT" not in text and "fast finetune (AdaQuant) tried, not kept" in text
 
 
 def test_a_clock_bound_reaches_the_tuning_and_the_log_says_what_it_costs(
@@ -127,9 +138,13 @@ def test_the_cli_says_what_fast_finetune_did_its_config_reproduces_it_and_bad_va
     np.savez(evals, input=np.concatenate([f["input"] for f in digits_feeds(16, 100)]))
     proc = run_cli(*args, "--accuracy-budget", "0.0001", "--search-layers", "1", "--eval", str(evals))
     assert proc.returncode == 0, proc.stderr
-    assert "fast finetune added on the choice: cosine" in proc.stdout
+    # added or not depends on the host's trained weights (see the test above); the line says which
+    assert (
+        "fast finetune added on the choice: cosine" in proc.stdout
+        or "fast finetune tried, not kept on the choice: cosine" in proc.stdout
+    ), proc.stdout
     assert "choice + fast finetune" in proc.stdout
-    # the config file reproduces the fine-tuned model without searching (same weights, bit for bit)
+    # the config file reproduces the written model without searching (same weights, bit for bit)
     again = tmp_path / "again.onnx"
     proc = run_cli(
         *args[:2], str(again), "--calib", str(calib), "--config", f"{tmp_path / 'q.onnx'}.search.toml"

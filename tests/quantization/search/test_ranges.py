@@ -52,46 +52,64 @@ def searched():
         plain.model, plain.prepared, plain.plan.groups(), plain.plan.quantized_nodes, _feeds(2, 16), keep=keep
     )
     order = [s.tensors for s in sorted(sens, key=lambda s: -s.noise)]
-    ranges = search_ranges(
-        plain.model,
-        plain.prepared,
-        plain.plan,
-        order,
-        _feeds(4, 16),
-        groups=8,
-        keep=keep,
-        validate=_feeds(8, 40),
-    )
-    return src, kwargs, plain, ranges
+    args = (plain.model, plain.prepared, plain.plan, order, _feeds(4, 16))
+    validated = search_ranges(*args, groups=8, keep=keep, validate=_feeds(8, 40))
+    ranges = search_ranges(*args, groups=8, keep=keep)  # the same search, its choice not validated
+    return src, kwargs, plain, ranges, validated
 
 
 def test_the_search_lowers_output_noise_with_power_of_two_ratios(searched) -> None:
-    _, _, plain, ranges = searched
-    # measured (bias correction off): 8.1e-4 -> 5.7e-4 on these 4 samples, validated 7.9e-4 -> 6.8e-4
-    assert ranges.noise < 0.75 * ranges.plain_noise
-    assert ranges.changed >= 1 and len(ranges.choices) == 8
-    assert ranges.kept and ranges.validation[1] < 0.9 * ranges.validation[0]
-    assert {c.ratio for c in ranges.choices} <= set(POF2_RATIOS)
+    """The greedy search never raises the noise on its own samples, takes power-of-two steps, and the
+    validation samples decide whether the choice stays.
+
+    Whether 4 samples pick ranges that also help on others is the model's, not the search's: on the
+    trained digits CNN of the AVX-512 VNNI host (bias correction off) 8.1e-4 -> 5.7e-4 on the 4 samples
+    and 7.9e-4 -> 6.8e-4 validated (kept); on an AMD Zen 3 host's weights (torch training differs per CPU)
+    4.8e-4 -> 3.6e-4 on the 4 samples but 1.00e-3 -> 1.08e-3 validated (dropped)."""
+    _, _, plain, ranges, validated = searched
+    for search in (ranges, validated):
+        assert len(search.choices) == 8 and {c.ratio for c in search.choices} <= set(POF2_RATIOS)
+        for c in search.choices:  # a group keeps ratio 1 unless its ratio lowers the noise
+            assert c.noise_after <= c.noise_before and (c.ratio == 1.0) == (c.noise_after == c.noise_before)
+        assert search.noise == search.choices[-1].noise_after <= search.plain_noise
+    assert ranges.kept and ranges.validation is None and ranges.changed >= 1
+    assert ranges.noise < ranges.plain_noise
+    # the validated search chose the same ratios, and kept them exactly when the validation samples agree
+    assert [c.ratio for c in validated.choices] == [c.ratio for c in ranges.choices]
+    assert validated.validation is not None
+    assert validated.kept == (validated.validation[1] < validated.validation[0])
+    assert validated.overrides == (ranges.overrides if validated.kept else {})
+    assert validated.changed == (ranges.changed if validated.kept else 0)
     for name, [entry] in ranges.overrides.items():
         scale = float(plain.plan.tensors[name].params.scale)
         assert np.log2(entry["scale"] / scale) in (-2, -1, 1)  # a power-of-two step from the calibrated one
+    assert len(ranges.overrides) == ranges.changed
 
 
-def test_the_overrides_round_trip_and_the_model_is_better_on_held_out_samples(searched) -> None:
-    src, kwargs, plain, ranges = searched
+def test_the_overrides_round_trip_and_the_model_is_the_searched_one(searched) -> None:
+    """Quantizing again with the overrides gives every member of a changed group the searched scale, and
+    the model is less noisy than the plain one on the search's samples (measured on an AMD Zen 3 host:
+    4.79e-4 plain, 3.83e-4 re-quantized; the search's gated model measured 3.55e-4 there, as the rebuilt
+    model re-derives what the gated one keeps from the calibrated scales).
+
+    (That the searched model is also better on held-out samples is the model's: 8.5e-4 -> 5.9e-4 on 28
+    of them with the VNNI host's trained digits CNN, not so with an AMD Zen 3 host's, where the validation
+    samples drop the choice; see the test above.)"""
+    src, kwargs, plain, ranges, _ = searched
     extra = {**kwargs.get("extra_options", {}), "TensorQuantOverrides": ranges.overrides}
     again = zonnx.quantize_static(src, None, ListReader(_feeds(16)), **{**kwargs, "extra_options": extra})
     for name, [entry] in ranges.overrides.items():
         for member in next(g for g in again.plan.groups() if name in g):
             assert float(again.plan.tensors[member].params.scale) == entry["scale"]
             assert 2.0 ** -int(again.plan.tensors[member].params.pos) == entry["scale"]
-    held = _feeds(28, 20)  # samples neither calibration nor the search saw
-    # measured (bias correction off): 8.5e-4 plain, 5.9e-4 with the searched ranges
-    assert _noise(again.model, again.prepared, held) < 0.75 * _noise(plain.model, plain.prepared, held)
+    search = _feeds(4, 16)
+    assert _noise(plain.model, plain.prepared, search) == pytest.approx(ranges.plain_noise, rel=1e-4)
+    assert _noise(again.model, again.prepared, search) < ranges.plain_noise
 
 
 def test_the_search_config_carries_the_ranges(searched, tmp_path: Path) -> None:
-    _, kwargs, _, ranges = searched
+    _, kwargs, _, ranges, _ = searched
+    assert ranges.overrides
     cfg = build_config(**{**kwargs, "extra_options": {"TensorQuantOverrides": ranges.overrides}})
     path = write_config(tmp_path / "c.toml", cfg, {}, "searched ranges")
     assert load_config_file(path)["extra_options"]["TensorQuantOverrides"] == ranges.overrides
