@@ -21,7 +21,9 @@ The bias is left out of ``r1`` by default (``CLEScaleAppendBias`` False; vai_q_o
 bias is quantized on its own grid, and a folded BatchNorm bias larger than its weight row made the balance
 shrink that row below the weights' own balance point. Measured for dpu-b4096 (power-of-two per-tensor,
 MinMSE, 4 steps, logits SQNR on 450 held-out digits): zoo ``digits_cnn`` 32.80 dB plain, 32.24 with the
-bias counted, 32.81 without; a MobileNetV2 trained on the same digits 18.08, 17.79, 18.41.
+bias counted, 32.81 without; a MobileNetV2 trained on the same digits 18.08, 17.79, 18.41 (AVX-512 VNNI
+host). Which balance wins depends on the weights: the ``digits_cnn`` trained on an AVX2 host (torch's
+training differs across CPUs) gives 30.69 plain and without the bias, 31.36 with it.
 
 Channel axes: Conv weights ``[M, C/g, k...]`` (output channel = row, input channel i = column i % (C/g) of
 the rows of group i // (C/g)); Gemm B ``[K, N]`` (``[N, K]`` when transB=1) and MatMul W ``[K, N]``.
