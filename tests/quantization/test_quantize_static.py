@@ -430,3 +430,34 @@ def test_dead_channel_bias_fits_int32(tmp_path: Path) -> None:
             extra_options={"QDQDisableWeightAdjustForInt32Bias": True},
         )
     assert abs(bias_of(kept)[1] - 0.5) > 0.1
+
+
+def test_weight_calibrate_method_moves_float_scale_weights_and_is_refused_for_power_of_two(
+    digits: Path,
+) -> None:
+    """``WeightCalibrateMethod`` changes per-tensor float-scale weight scales; power-of-two weights always take
+    vai_q's position search, so there the option is refused (it used to be accepted and ignored)."""
+    feeds = zoo.sample_inputs("digits_cnn", 4, seed=2)
+
+    def weight_scales(**kwargs) -> dict[str, float]:
+        q = zonnx.quantize_static(digits, None, ListReader(feeds), **kwargs).model
+        inits = {t.name: onnx.numpy_helper.to_array(t) for t in q.graph.initializer}
+        return {
+            n.input[0]: float(inits[n.input[1]])
+            for n in q.graph.node
+            if n.op_type == "DequantizeLinear"
+            and n.input[0] in inits
+            and inits[n.input[0]].dtype == np.int8
+            and inits[n.input[1]].size == 1
+            and inits[n.input[0]].ndim > 1
+        }
+
+    minmax = weight_scales()
+    percentile = weight_scales(extra_options={"WeightCalibrateMethod": "Percentile"})
+    assert minmax and minmax.keys() == percentile.keys()
+    assert any(percentile[k] < minmax[k] for k in minmax)  # outlier weights clipped: finer steps
+    with pytest.raises(OptionError, match="WeightCalibrateMethod"):
+        zonnx.quantize_static(
+            digits, None, ListReader(feeds), quant_format=VitisQuantFormat.FixNeuron,
+            calibrate_method=PowerOfTwoMethod.MinMSE, extra_options={"WeightCalibrateMethod": "Percentile"},
+        )  # fmt: skip

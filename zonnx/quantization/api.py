@@ -126,6 +126,12 @@ def build_config(
         extra=extra,
     )
     check_float8(cfg)
+    if cfg.power_of_two and cfg.weight_method != "minmax":
+        raise OptionError(
+            f"extra_options['WeightCalibrateMethod'] = {extra.weight_calibrate_method!r}: power-of-two weights "
+            "always take vai_q's position search (NonOverflow, then the least-error of 5 positions); "
+            "remove WeightCalibrateMethod."
+        )
     return cfg
 
 
