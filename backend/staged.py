@@ -12,6 +12,7 @@ import onnx
 import onnxruntime as ort
 
 from zonnx.backend.compiled import NPU_DOMAIN, NPU_OP, read_program
+from zonnx.backend.graph_reads import node_reads
 from zonnx.backend.runtime.reference import run_program
 from zonnx.errors import ZonnxError
 from zonnx.hostcpu import int_path
@@ -75,18 +76,20 @@ class StagedExecutor:
         parts: list[onnx.NodeProto | list[onnx.NodeProto]] = []
         for step in plan:
             parts.append(_with_constants(step, const, order) if isinstance(step, list) else step)
-        graph_outputs = {o.name for o in g.output}
+        # read_after[k]: what the parts after part k and the graph's outputs read
+        read_after: list[set[str]] = [set()] * len(parts)
+        later = {o.name for o in g.output}
+        for k in range(len(parts) - 1, -1, -1):
+            read_after[k] = later
+            later = later | _reads(parts[k] if isinstance(parts[k], list) else [parts[k]])
         self.stages: list[tuple[str, Any, list[str], list[str]]] = []
-        for k, part in enumerate(parts):
+        for part, read_later in zip(parts, read_after, strict=True):
             if not isinstance(part, list):
                 prog = read_program(part)
                 self.stages.append(("npu", prog, list(part.input), list(part.output)))
                 for o, info in zip(part.output, prog.outputs, strict=True):
                     types[o] = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
                 continue
-            read_later = set(graph_outputs)
-            for later in parts[k + 1 :]:
-                read_later.update(_reads(later if isinstance(later, list) else [later]))
             nodes = _prune(part, read_later, const)
             if nodes:
                 self.stages.append(self._cpu_stage(model, nodes, inits, types, sess_options, read_later))
@@ -146,21 +149,10 @@ def _constant_producers(
     return out
 
 
-def _node_reads(n: onnx.NodeProto) -> set[str]:
-    """The tensors ``n`` reads: its inputs and every name its subgraphs' nodes read (a superset of the
-    outer-scope ones)."""
-    names = {i for i in n.input if i}
-    for a in n.attribute:
-        for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-            for m in sub.node:
-                names |= _node_reads(m)
-    return names
-
-
 def _reads(nodes: list[onnx.NodeProto]) -> set[str]:
     """The tensors ``nodes`` read from outside themselves."""
     made = {o for n in nodes for o in n.output}
-    return {i for n in nodes for i in _node_reads(n) if i not in made}
+    return {i for n in nodes for i in node_reads(n) if i not in made}
 
 
 def _with_constants(
@@ -191,7 +183,7 @@ def _prune(
     """``nodes`` without the constant-only ones nothing in the stage reads and no later stage needs from it."""
     keep = list(nodes)
     while True:
-        read = {i for n in keep for i in _node_reads(n)} | read_later
+        read = {i for n in keep for i in node_reads(n)} | read_later
         drop = [n for n in keep if n.output and all(const.get(o) is n for o in n.output if o)
                 and not any(o in read for o in n.output if o)]  # fmt: skip
         if not drop:

@@ -19,7 +19,7 @@ from zonnx.ir.io import to_ir, to_proto
 from zonnx.passes.common.dynamic_to_qdq import DynamicToQDQPass
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.prequant import import_prequantized, quantized_form
-from zonnx.verify import exact_integer_form
+from zonnx.verify import ort_session
 
 
 class _Reader:
@@ -52,10 +52,9 @@ def ort_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _session(model: onnx.ModelProto | Path) -> ort.InferenceSession:
-    """ORT with its fusions on the model's exact integer form (``exact_integer_form``: uint8 weights where
+    """ORT with its fusions on the model's exact integer form (``verify.ort_session``: uint8 weights where
     this host's u8 x s8 kernels saturate), so both sides of a comparison sum exactly on every CPU."""
-    proto = exact_integer_form(onnx.load(str(model)) if isinstance(model, Path) else model)
-    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return ort_session(model, optimize=True)
 
 
 def _run(model: onnx.ModelProto | Path, feed: dict[str, np.ndarray]) -> np.ndarray:
