@@ -61,8 +61,19 @@ case "$job" in
   test)
     setup_report_browser
     "$venv/bin/ruff" check .
+    # The exactness tests' quantized models, built once by the native run and read by the emulated runs.
+    ZONNX_TEST_MODELS=$(mktemp -d)
+    export ZONNX_TEST_MODELS
+    trap 'rm -rf "$ZONNX_TEST_MODELS"' EXIT
+    # The whole suite runs on up to 4 cores (pytest-xdist, one module per worker: module fixtures are
+    # built once); a selection given as arguments runs in one process.
+    parallel=()
+    if [ "$#" -eq 0 ]; then
+      cores=$(nproc)
+      parallel=(-n "$(( cores < 4 ? cores : 4 ))" --dist loadscope)
+    fi
     set +e
-    "$venv/bin/python" -m pytest -q "$@"
+    "$venv/bin/python" -m pytest -q "${parallel[@]}" "$@"
     rc=$?
     set -e
     if [ "$rc" -eq 5 ]; then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -20,6 +21,22 @@ from zonnx.backend.runtime.ort_lowering import program_to_model
 from zonnx.backend.runtime.reference import execute_op, run_program
 from zonnx.zoo.digits import digits_data
 
+#: A folder shared by one `bash tools/dev.sh test` run (it sets this): the native run leaves the exactness
+#: tests' quantized models there, and the emulated runs of tools/exactness.sh read them instead of
+#: quantizing ResNet-18 again under qemu (about 5 minutes each). What they test, the compiled programs
+#: against ORT on the emulated CPU, still runs there.
+SHARED_MODELS_ENV = "ZONNX_TEST_MODELS"
+
+
+def _models_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """``$ZONNX_TEST_MODELS/name`` when set (created), else a fresh temporary folder."""
+    shared = os.environ.get(SHARED_MODELS_ENV)
+    if not shared:
+        return tmp_path_factory.mktemp(name)
+    folder = Path(shared) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
 
 class _Reader(CalibrationDataReader):
     def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
@@ -31,7 +48,10 @@ class _Reader(CalibrationDataReader):
 
 def _quantize(src: Path, dst: Path, feeds: list, fmt: str) -> Path:
     """``src`` quantized for the exactness tests; no per-layer report (they compare programs, and under the
-    emulated CPUs of tools/exactness.sh the report's unoptimized runs of ResNet-18 cost minutes)."""
+    emulated CPUs of tools/exactness.sh the report's unoptimized runs of ResNet-18 cost minutes). A model
+    already at ``dst`` (a shared folder, written atomically by an earlier run) is reused."""
+    if dst.is_file():
+        return dst
     if fmt == "qdq":
         zonnx.quantize_static(
             str(src),
@@ -57,7 +77,7 @@ def _quantize(src: Path, dst: Path, feeds: list, fmt: str) -> Path:
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("digits")
+    d = _models_dir(tmp_path_factory, "digits")
     x, _ = digits_data("calib")
     feeds = [{"input": x[i : i + 1]} for i in range(64)]
     src = zoo.get("digits_cnn")
@@ -70,7 +90,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def resnet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("resnet")
+    d = _models_dir(tmp_path_factory, "resnet")
     feeds = zoo.sample_inputs("resnet18-random", 4)
     src = zoo.get("resnet18-random")
     return {
