@@ -22,10 +22,9 @@ trap 'rm -rf "$logs"' EXIT
 # One job per emulated CPU: its qemu -cpu model, OpenBLAS core and test files. A machine-wide
 # OPENBLAS_CORETYPE=Haswell would make numpy execute AVX2 code on the SSE4.1 CPU (illegal instruction);
 # Nehalem is OpenBLAS's SSE4 core.
-all=(tests)
 jobs_cpu=("Haswell" "Haswell,-avx2")
 jobs_blas=("${OPENBLAS_CORETYPE:-Haswell}" "Nehalem")
-jobs_args=("${all[*]}" "${all[*]}")
+jobs_args=("tests" "tests")
 # A host whose integer kernels are the AVX2 ones (AMD Zen 1-3, Intel before VNNI) ran the AVX2 path in
 # the native suite already: emulating Haswell would repeat it. Only SSE4.1 is emulated then, in two
 # halves side by side (qemu-user runs one process: pytest-xdist's workers would escape it), the
