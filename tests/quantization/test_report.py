@@ -402,3 +402,58 @@ def test_nonfinite_values_are_counted_and_compared_as_zero(cnn: dict) -> None:
     q = _values(cnn["qdq"], _dq_of(cnn["qdq"], "x"), [feeds])
     q[0] = 0.0
     assert stats.sqnr_db == pytest.approx(10 * np.log10((x @ x) / ((x - q) @ (x - q))), rel=1e-9)
+
+
+class _Squeeze(nn.Module):
+    """Conv, then a squeeze-excitation gate: global average over a 6x6 map (36 positions, not a power of
+    two), two 1x1 convolutions and a hard sigmoid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.down = nn.Conv2d(8, 4, 1)
+        self.up = nn.Conv2d(4, 8, 1)
+
+    def forward(self, x):  # noqa: ANN001, ANN201
+        y = torch.relu(self.conv(x))
+        gate = nn.functional.hardsigmoid(
+            self.up(torch.relu(self.down(nn.functional.adaptive_avg_pool2d(y, 1))))
+        )
+        return y * gate
+
+
+def test_inserted_constant_mul_is_not_matched_to_a_float_mul(tmp_path: Path) -> None:
+    """dpu-b4096 writes the global average over 36 positions as a pool and a constant factor Mul, and
+    SmoothQuant scales the pool's output with a Mul of its own; both Muls read the pool's output, but
+    their constants differ, so the report compares the float smoothing Mul's output with the quantized
+    one's, never with the factor Mul's (that pairing gave a negative SQNR on PP-OCRv4 rec's
+    squeeze-excitation blocks)."""
+    from zonnx.build_npu import target_quantize_kwargs
+
+    torch.manual_seed(0)
+    path = tmp_path / "se.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(_Squeeze().eval(), torch.randn(1, 3, 6, 6), str(path), dynamo=False, opset_version=13,
+                          input_names=["x"], output_names=["y"])  # fmt: skip
+    feeds = [make_inputs(onnx.load(str(path)), seed=i) for i in range(8)]
+    out = tmp_path / "se_dpu.onnx"
+    kwargs = target_quantize_kwargs("dpu-b4096")
+    kwargs["extra_options"] = dict(kwargs["extra_options"], SmoothQuant=True, ReportSamples=8)
+    zonnx.quantize_static(str(path), str(out), _Reader(feeds), **kwargs)
+    quant = onnx.load(str(out))
+    pool = next(n.output[0] for n in quant.graph.node if n.op_type == "GlobalAveragePool")
+    factor = [n for n in quant.graph.node if n.op_type == "Mul" and n.input[0] == pool]
+    fixed = {n.input[0]: n.output[0] for n in quant.graph.node if n.op_type == "FixNeuron"}
+    smooth = [
+        n
+        for n in quant.graph.node
+        if n.op_type == "Mul" and factor and n.input[0] == fixed[factor[0].output[0]]
+    ]
+    assert factor and smooth, "the factor Mul or the smoothing Mul is gone: this test needs another model"
+    rows = json.loads(Path(f"{out}.report.json").read_text())["layers"]
+    row = next(r for r in rows if r["node"] == smooth[0].name)
+    assert row["quant_tensor"] == fixed[smooth[0].output[0]], row
+    assert min(r["sqnr_db"] for r in rows) > 15, [
+        (r["tensor"], r["quant_tensor"], r["sqnr_db"]) for r in rows
+    ]

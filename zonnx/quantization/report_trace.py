@@ -15,7 +15,9 @@ quantized model are traced to float-model tensors in topological order:
 - any other op: a float tensor of the same name produced by the same op type (writers keep activation
   names), or by an op the preparation passes fold into it with the name kept (``_RENAMED``: a constant
   Mul/Add folded into the Conv before it, the Div/Mul ending a decomposed hard-swish), else the float
-  node found as for integer ops; nothing when neither exists.
+  node found as for integer ops that also holds the same values where both read a constant (so a factor
+  Mul a target inserts after a pool is not taken for a smoothing Mul of the same pool); nothing when
+  neither exists.
 
 A traced float tensor is then followed through the float ops the quantized graph folded or dropped after
 it (Relu/Clip fused into the op before them, BatchNormalization folded into a Conv, Identity): while its
@@ -165,7 +167,7 @@ class Tracer:
                 name = out.name
                 self.used.add(id(self.producer[name]))
             else:
-                found = found or self._counterpart(node, op)
+                found = found or self._counterpart(node, op, same_constants=True)
                 if found is None or k >= len(found.outputs):
                     continue
                 name = found.outputs[k].name
@@ -192,8 +194,10 @@ class Tracer:
         axis = node.attributes.get_int("axis", 1) if scale.size > 1 else None
         return scale.astype(np.float64), zp.astype(np.float64), axis
 
-    def _counterpart(self, node: ir.Node, fop: str) -> ir.Node | None:
-        """The unused float node of op ``fop`` (Relu ~ Clip) reading every tensor ``node``'s inputs trace to."""
+    def _counterpart(self, node: ir.Node, fop: str, same_constants: bool = False) -> ir.Node | None:
+        """The unused float node of op ``fop`` (Relu ~ Clip) reading every tensor ``node``'s inputs trace to;
+        with ``same_constants``, also holding the same values where both read a constant at one position
+        (a factor Mul a target inserted after a pool is not the float model's own Mul of that pool)."""
         ins = [self.refs[v][0] for v in node.inputs if v is not None and v in self.refs]
         if not ins:
             return None
@@ -203,6 +207,7 @@ class Tracer:
                 same
                 and id(cand) not in self.used
                 and set(ins) <= {v.name for v in cand.inputs if v is not None}
+                and (not same_constants or _constants_agree(node, cand))
             ):
                 self.used.add(id(cand))
                 return cand
@@ -240,6 +245,19 @@ class Tracer:
             self.used.add(id(cons[0]))
             tensor = cons[0].outputs[0].name
         return tensor
+
+
+def _constants_agree(node: ir.Node, cand: ir.Node) -> bool:
+    """Where both nodes read a constant at the same input position, the two hold the same values."""
+    for mine, theirs in zip(node.inputs, cand.inputs, strict=False):  # optional inputs may be absent
+        a, b = _const(mine), _const(theirs)
+        if (
+            a is not None
+            and b is not None
+            and (a.shape != b.shape or not np.allclose(a, b, rtol=1e-6, atol=0))
+        ):
+            return False
+    return True
 
 
 def dequantize_codes(codes: np.ndarray, params: CodeParams) -> np.ndarray:
