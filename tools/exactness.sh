@@ -3,8 +3,9 @@
 # u8 x s8 kernels saturate (AVX2: Haswell) and on the SSE4.1 path (Haswell without AVX2), with qemu-user.
 # Called by `bash tools/dev.sh test` after the native run; installs qemu-user from Debian if missing.
 # AVX-512 cannot be emulated by qemu's TCG: a VNNI host covers that path natively; an AVX2 host covers
-# the Haswell path natively, and only SSE4.1 is emulated there. With $ZONNX_TEST_MODELS (tools/dev.sh sets
-# it) the quantized models the native run built are read, not built again under emulation.
+# the Haswell path natively, and only SSE4.1 is emulated there. The exactness tests' quantized models are
+# built natively and read under emulation: from $ZONNX_TEST_MODELS when tools/dev.sh's native run left them
+# there, else built first into a folder of this script's own (about 15 s; under qemu, minutes per run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
@@ -18,7 +19,17 @@ if ! command -v qemu-x86_64 >/dev/null 2>&1; then
 fi
 
 logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
+own_models=""
+trap 'rm -rf "$logs" $own_models' EXIT
+if [ -z "${ZONNX_TEST_MODELS:-}" ]; then
+  ZONNX_TEST_MODELS=$(mktemp -d)
+  own_models="$ZONNX_TEST_MODELS"
+  export ZONNX_TEST_MODELS
+  echo "=== building the exactness tests' quantized models natively ===" >&2
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider --setup-only -m exactness \
+    tests/backend/test_compiler.py tests/backend/test_ort_lowering.py > "$logs/build.log" 2>&1 \
+    || { cat "$logs/build.log" >&2; exit 1; }
+fi
 # One job per emulated CPU: its qemu -cpu model, OpenBLAS core and test files. A machine-wide
 # OPENBLAS_CORETYPE=Haswell would make numpy execute AVX2 code on the SSE4.1 CPU (illegal instruction);
 # Nehalem is OpenBLAS's SSE4 core.
