@@ -445,11 +445,8 @@ def test_inserted_constant_mul_is_not_matched_to_a_float_mul(tmp_path: Path) -> 
     pool = next(n.output[0] for n in quant.graph.node if n.op_type == "GlobalAveragePool")
     factor = [n for n in quant.graph.node if n.op_type == "Mul" and n.input[0] == pool]
     fixed = {n.input[0]: n.output[0] for n in quant.graph.node if n.op_type == "FixNeuron"}
-    smooth = [
-        n
-        for n in quant.graph.node
-        if n.op_type == "Mul" and factor and n.input[0] == fixed[factor[0].output[0]]
-    ]
+    factor_fixed = fixed.get(factor[0].output[0]) if factor else None
+    smooth = [n for n in quant.graph.node if n.op_type == "Mul" and n.input[0] == factor_fixed]
     assert factor and smooth, "the factor Mul or the smoothing Mul is gone: this test needs another model"
     rows = json.loads(Path(f"{out}.report.json").read_text())["layers"]
     row = next(r for r in rows if r["node"] == smooth[0].name)
