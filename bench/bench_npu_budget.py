@@ -226,6 +226,8 @@ def _one_target(
         f"search {verdict}: {result.metric} {result.chosen.score:.4f} against float's text on {lines} lines, "
         f"{len(result.candidates) + 1} candidates"
     )
+    if result.resolution is not None:
+        note += f" (one character {100 * result.resolution:.2f} points there)"
     if result.ranges is not None:
         r = result.ranges
         note += (

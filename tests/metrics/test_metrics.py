@@ -12,6 +12,7 @@ import zonnx
 from zonnx import zoo
 from zonnx.errors import MetricError, OptionError
 from zonnx.metrics import CharAccuracy, evaluate, load_metric, model_characters
+from zonnx.metrics.evaluate import FloatReference
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.verify import cosine, run_ort
 from zonnx.zoo.digits import digits_data
@@ -235,3 +236,39 @@ def test_plugin_loading_errors_are_one_line(tmp_path: Path) -> None:
     )
     with pytest.raises(MetricError, match=rf"{ctor}:3: M\(\) raised KeyError"):
         load_metric(f"{ctor}:M")
+
+
+def test_counting_metrics_give_their_step_and_continuous_ones_none(digits, rec) -> None:
+    reference = FloatReference(digits["float"], digits["feeds"], "top1")
+    assert reference.resolution() == 1 / 64  # 4 batches of 16 class positions
+    assert FloatReference(digits["float"], digits["feeds"], "top5").resolution() == 1 / 64
+    assert FloatReference(digits["float"], digits["feeds"], "cosine").resolution() is None
+    chars = model_characters(rec["float"])
+    ref = [ctc_greedy_decode(next(iter(run_ort(rec["float"], f).values())), chars)[0] for f in rec["feeds"]]
+    strict = FloatReference(rec["float"], rec["feeds"], "char-accuracy", rec["float"])
+    assert strict.resolution() == 1 / sum(map(len, ref))  # one character of float's text
+    stripped = FloatReference(rec["float"], rec["feeds"], "char-accuracy-stripped", rec["float"])
+    assert stripped.resolution() == 1 / sum(len(r.strip()) for r in ref)
+    assert CharAccuracy(chars).resolution() is None  # nothing seen yet
+
+
+def test_plugin_resolution_is_checked_and_named(tmp_path: Path, digits) -> None:
+    body = (
+        "class Steps:\n"
+        "    def update(self, float_outputs, quant_outputs, feed):\n"
+        "        pass\n"
+        "    def result(self):\n"
+        "        return 1.0\n"
+        "    def resolution(self):\n"
+        "        return {value}\n"
+    )
+    good = _plugin(tmp_path, body.format(value="0.25"), "good.py")
+    assert FloatReference(digits["float"], digits["feeds"], f"{good}:Steps").resolution() == 0.25
+    bad = _plugin(tmp_path, body.format(value="-1"), "bad.py")
+    with pytest.raises(
+        MetricError, match=r"bad.py:Steps: resolution\(\) returned -1; return the smallest step"
+    ):
+        FloatReference(digits["float"], digits["feeds"], f"{bad}:Steps").resolution()
+    raising = _plugin(tmp_path, body.format(value="1 / 0"), "raising.py")
+    with pytest.raises(MetricError, match=r"raising.py:7: resolution\(\) raised ZeroDivisionError"):
+        FloatReference(digits["float"], digits["feeds"], f"{raising}:Steps").resolution()

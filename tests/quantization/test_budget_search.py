@@ -168,6 +168,34 @@ def test_a_budget_nothing_meets_keeps_the_best_and_strict_fails(digits: Path, tm
     assert (tmp_path / "s.onnx").is_file()  # the best model is still saved
 
 
+def test_a_budget_finer_than_the_metric_on_its_samples_is_said(digits: Path, tmp_path: Path, caplog) -> None:
+    trials = {
+        "bias_correction": "off",
+        "thresholds_trial": "off",
+        "smooth_quant_trial": "off",
+        "finetune_trial": "off",
+    }
+    with caplog.at_level(logging.WARNING):
+        _, result, _ = quantize_with_budget(
+            digits, tmp_path / "q.onnx", digits_feeds(16), _config(), budget=5.0, metric="top1",
+            eval_feeds=digits_feeds(40, 50), **trials,
+        )  # fmt: skip
+    # 40 one-image samples: top1 moves in steps of 2.5 points, so a 5-point budget is 2 steps
+    assert result.resolution == 1 / 40
+    assert (
+        "top1 moves in steps of 2.5 points (one unit in 40), so the 5-point budget is 2.0 step(s)"
+        in caplog.text
+    )
+    assert "Give about 200 evaluation samples (--eval) for 10 steps." in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _, result, _ = quantize_with_budget(
+            digits, tmp_path / "c.onnx", digits_feeds(16), _config(), budget=5.0, metric="cosine",
+            eval_feeds=digits_feeds(40, 50), **trials,
+        )  # fmt: skip
+    assert result.resolution is None and "moves in steps" not in caplog.text  # a continuous metric
+
+
 def test_measured_sensitivity_is_cached_and_reused(digits: Path, tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
     kwargs = dict(

@@ -130,6 +130,10 @@ class Top1:
             raise MetricError("metric top1: no sample was given; feed at least one.")
         return self.agree / self.positions
 
+    def resolution(self) -> float | None:
+        """One position: ``1 / positions`` seen (None before any)."""
+        return 1.0 / self.positions if self.positions else None
+
 
 class TopK:
     """Fraction of positions where float's argmax class is among the other model's ``k`` largest (default 5)."""
@@ -162,3 +166,7 @@ class TopK:
         if not self.positions:
             raise MetricError(f"metric top{self.k}: no sample was given; feed at least one.")
         return self.hits / self.positions
+
+    def resolution(self) -> float | None:
+        """One position: ``1 / positions`` seen (None before any)."""
+        return 1.0 / self.positions if self.positions else None

@@ -21,7 +21,7 @@ import numpy as np
 from zonnx.errors import OptionError, VerificationError, first_line
 from zonnx.ir.io import ModelLike, to_proto
 from zonnx.metrics.plugins import guard, load_metric
-from zonnx.metrics.protocol import Metric, as_number
+from zonnx.metrics.protocol import Metric, as_number, resolution_of
 from zonnx.verify import ort_session
 
 logger = logging.getLogger(__name__)
@@ -122,6 +122,14 @@ class FloatReference:
         for ref, out, feed in zip(self.outputs, outputs, self.feeds, strict=True):
             metric.update(ref, out, feed)
         return float(metric.result())
+
+    def resolution(self) -> float | None:
+        """The metric's step on these samples (its ``resolution()`` once fed float against float), or None
+        for a metric without one."""
+        metric = guard(load_metric(self.metric_spec, self.model_path))
+        for ref, feed in zip(self.outputs, self.feeds, strict=True):
+            metric.update(ref, ref, feed)
+        return resolution_of(metric, f"metric {self.metric_spec}")
 
     def score(self, model: ModelLike) -> float:
         """Run ``model`` on the samples (graph optimizations off, exact integer form) and score it."""

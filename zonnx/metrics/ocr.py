@@ -119,3 +119,8 @@ class CharAccuracy:
         if not self.samples:
             raise MetricError("metric char-accuracy: no sample was given; feed at least one.")
         return self.scores[self.score]
+
+    def resolution(self) -> float | None:
+        """One character: ``1 / reference characters`` of the score (None while there are none)."""
+        total = self.totals[self.score]
+        return 1.0 / total if total else None

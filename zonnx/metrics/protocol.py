@@ -10,11 +10,17 @@ A metric is an object with
 
 ``result`` must be a real number (Python or numpy int/float; not a bool); NaN is refused, +-inf is
 accepted (SQNR of identical outputs is +inf).
+
+Optional: ``resolution() -> float | None``, the smallest step by which one sample can move ``result()``
+on the samples seen so far (``1 / reference characters`` for char accuracy, ``1 / positions`` for top1),
+or None for a continuous metric (cosine, SQNR). The accuracy search uses it to say when its evaluation
+samples are too few to resolve the budget (``zonnx.quantization.search.resolution``). A value that is
+not a positive finite number or None is refused, naming the metric.
 """
 
 from __future__ import annotations
 
-__all__ = ["Metric", "as_number", "higher_is_better"]
+__all__ = ["Metric", "as_number", "higher_is_better", "resolution_of", "checked_resolution"]
 
 import logging
 import math
@@ -62,3 +68,27 @@ def as_number(value: Any, where: str) -> float:
     if math.isnan(number):
         raise MetricError(f"{where}: result() returned NaN; return a real number (inf is allowed).")
     return number
+
+
+def checked_resolution(value: Any, where: str) -> float | None:
+    """``value`` as a metric step: None, or a positive finite real number; else MetricError naming ``where``."""
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray) and value.shape == ():
+        value = value[()]
+    if (
+        isinstance(value, bool | np.bool_)
+        or not isinstance(value, numbers.Real)
+        or not 0 < float(value) < math.inf
+    ):
+        raise MetricError(
+            f"{where}: resolution() returned {value!r}; return the smallest step of result() (a positive "
+            "number) or None for a continuous metric."
+        )
+    return float(value)
+
+
+def resolution_of(metric: Any, where: str) -> float | None:
+    """The metric's ``resolution()`` (checked), or None when it has none."""
+    fn = getattr(metric, "resolution", None)
+    return checked_resolution(fn(), where) if callable(fn) else None

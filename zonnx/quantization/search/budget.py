@@ -60,6 +60,7 @@ from zonnx.quantization.finetune_options import FAST_FINETUNE_KEYS, FastFinetune
 from zonnx.quantization.options import KNOWN_KEYS, ExtraOptions
 from zonnx.quantization.search.executor import Executor, LocalExecutor
 from zonnx.quantization.search.mac_allowance import within_mac_allowance
+from zonnx.quantization.search.resolution import coarse_budget_note
 from zonnx.quantization.search.scorer import Candidate, CandidateScorer, node_overrides
 from zonnx.quantization.search.sensitivity import layer_sensitivity, rank_layers
 
@@ -88,6 +89,7 @@ class BudgetResult:
     smooth_quant: Any = None  # the SmoothQuant trial (``config_trial.ConfigTrial``), if any
     ranges_recheck: Any = None  # kept ranges scored again without them once bias correction joined
     finetune: Any = None  # the fast-finetune trial on the choice (``finetune_step.FinetuneTrial``), if any
+    resolution: float | None = None  # the metric's step on the samples that score candidates, if it has one
 
     def table(self) -> list[dict[str, Any]]:
         """One row per candidate, baseline first: score, layers not int8, NPU MAC share, seconds."""
@@ -153,6 +155,9 @@ def search_budget(
             "budget below float means nothing; use cosine, top1, char-accuracy or a plugin with a finite score."
         )
     threshold = float_score - budget / 100.0
+    coarse = coarse_budget_note(budget, scorer.resolution, len(scorer.feeds), scorer.metric_spec)
+    if coarse:
+        logger.warning("%s", coarse)
     precision = search_precision(scorer.base.extra.target)
     if baseline is None:
         baseline = scorer.score({}, full=scorer.subset)  # the baseline is judged on every sample
@@ -273,6 +278,7 @@ def search_budget(
         len(scorer.full.feeds),
         best if best.full else None,
         min_npu_share,
+        resolution=scorer.resolution,
     )
 
 
