@@ -5,8 +5,9 @@ A metric that counts units (characters for char accuracy, class positions for to
 spans fewer than ``MIN_BUDGET_STEPS`` such steps, one or two units decide whether a candidate meets it,
 so the search's choice fits those samples and says little about others: warn, and advise the number of
 samples that gives ``ADVISED_STEPS`` steps (units grow with samples). Measured on PP-OCRv4 rec for
-dpu-b4096: 32 search lines are about 360 characters, 0.28 points a character against a 0.5-point budget
-(1.8 steps); configurations that tied there differed by up to 0.6 points on 200 other lines.
+dpu-b4096: 32 search lines hold 364 characters, 0.27 points a character against a 0.5-point budget
+(1.8 steps); the recipe with and without SmoothQuant tied there (0.9890) and differed by 0.7 points on
+the bench's 200 test lines (0.9902 and 0.9833).
 A continuous metric (no ``resolution()``) and a zero budget are not judged.
 """
 
