@@ -240,15 +240,15 @@ def test_plugin_loading_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_counting_metrics_give_their_step_and_continuous_ones_none(digits, rec) -> None:
     reference = FloatReference(digits["float"], digits["feeds"], "top1")
-    assert reference.resolution() == 1 / 64  # 4 batches of 16 class positions
-    assert FloatReference(digits["float"], digits["feeds"], "top5").resolution() == 1 / 64
-    assert FloatReference(digits["float"], digits["feeds"], "cosine").resolution() is None
+    assert reference.self_score() == (1.0, 1 / 64)  # 4 batches of 16 class positions
+    assert FloatReference(digits["float"], digits["feeds"], "top5").self_score()[1] == 1 / 64
+    assert FloatReference(digits["float"], digits["feeds"], "cosine").self_score()[1] is None
     chars = model_characters(rec["float"])
     ref = [ctc_greedy_decode(next(iter(run_ort(rec["float"], f).values())), chars)[0] for f in rec["feeds"]]
     strict = FloatReference(rec["float"], rec["feeds"], "char-accuracy", rec["float"])
-    assert strict.resolution() == 1 / sum(map(len, ref))  # one character of float's text
+    assert strict.self_score()[1] == 1 / sum(map(len, ref))  # one character of float's text
     stripped = FloatReference(rec["float"], rec["feeds"], "char-accuracy-stripped", rec["float"])
-    assert stripped.resolution() == 1 / sum(len(r.strip()) for r in ref)
+    assert stripped.self_score()[1] == 1 / sum(len(r.strip()) for r in ref)
     assert CharAccuracy(chars).resolution() is None  # nothing seen yet
 
 
@@ -263,12 +263,12 @@ def test_plugin_resolution_is_checked_and_named(tmp_path: Path, digits) -> None:
         "        return {value}\n"
     )
     good = _plugin(tmp_path, body.format(value="0.25"), "good.py")
-    assert FloatReference(digits["float"], digits["feeds"], f"{good}:Steps").resolution() == 0.25
+    assert FloatReference(digits["float"], digits["feeds"], f"{good}:Steps").self_score()[1] == 0.25
     bad = _plugin(tmp_path, body.format(value="-1"), "bad.py")
     with pytest.raises(
         MetricError, match=r"bad.py:Steps: resolution\(\) returned -1; return the smallest step"
     ):
-        FloatReference(digits["float"], digits["feeds"], f"{bad}:Steps").resolution()
+        FloatReference(digits["float"], digits["feeds"], f"{bad}:Steps").self_score()[1]
     raising = _plugin(tmp_path, body.format(value="1 / 0"), "raising.py")
     with pytest.raises(MetricError, match=r"raising.py:7: resolution\(\) raised ZeroDivisionError"):
-        FloatReference(digits["float"], digits["feeds"], f"{raising}:Steps").resolution()
+        FloatReference(digits["float"], digits["feeds"], f"{raising}:Steps").self_score()[1]

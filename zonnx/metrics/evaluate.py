@@ -116,20 +116,22 @@ class FloatReference:
         sess = ort_session(float_model)
         self.outputs = [list(sess.run(None, f)) for f in self.feeds]
 
-    def score_outputs(self, outputs: Iterable[list[np.ndarray]]) -> float:
-        """The metric of ``outputs`` (one list per sample, in order) against the float outputs."""
+    def _fed(self, outputs: Iterable[list[np.ndarray]]) -> Metric:
+        """A fresh metric fed ``outputs`` (one list per sample, in order) against the float outputs."""
         metric = guard(load_metric(self.metric_spec, self.model_path))
         for ref, out, feed in zip(self.outputs, outputs, self.feeds, strict=True):
             metric.update(ref, out, feed)
-        return float(metric.result())
+        return metric
 
-    def resolution(self) -> float | None:
-        """The metric's step on these samples (its ``resolution()`` once fed float against float), or None
-        for a metric without one."""
-        metric = guard(load_metric(self.metric_spec, self.model_path))
-        for ref, feed in zip(self.outputs, self.feeds, strict=True):
-            metric.update(ref, ref, feed)
-        return resolution_of(metric, f"metric {self.metric_spec}")
+    def score_outputs(self, outputs: Iterable[list[np.ndarray]]) -> float:
+        """The metric of ``outputs`` (one list per sample, in order) against the float outputs."""
+        return float(self._fed(outputs).result())
+
+    def self_score(self) -> tuple[float, float | None]:
+        """The float model against itself, from one pass: the metric's score and its step on these samples
+        (``resolution()``; None for a metric without one)."""
+        metric = self._fed(self.outputs)
+        return float(metric.result()), resolution_of(metric, f"metric {self.metric_spec}")
 
     def score(self, model: ModelLike) -> float:
         """Run ``model`` on the samples (graph optimizations off, exact integer form) and score it."""

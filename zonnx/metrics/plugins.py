@@ -30,7 +30,7 @@ from zonnx.errors import MetricError, ZonnxError, did_you_mean
 from zonnx.metrics.builtin import Cosine, Sqnr, Top1, TopK
 from zonnx.metrics.detection import BoxF1, MeanIoU
 from zonnx.metrics.ocr import CharAccuracy, model_characters
-from zonnx.metrics.protocol import Metric, as_number, checked_resolution, higher_is_better
+from zonnx.metrics.protocol import Metric, as_number, higher_is_better, resolution_of
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +104,7 @@ class PluginMetric:
 
     def resolution(self) -> float | None:
         """The plugin's ``resolution()`` when it has one (guarded and checked), else None."""
-        fn = getattr(self.inner, "resolution", None)
-        if not callable(fn):
-            return None
-        return checked_resolution(self._call("resolution()", fn), f"metric plugin {self.name}")
+        return self._call("resolution()", lambda: resolution_of(self.inner, f"metric plugin {self.name}"))
 
 
 def _source_of(obj: Any) -> Path:

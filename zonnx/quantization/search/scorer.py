@@ -128,9 +128,8 @@ class CandidateScorer:
                 self.float_model, self.full.feeds[:search_samples], metric, self.float_model
             )
         self.feeds = self.reference.feeds
-        self.float_score = self.reference.score_outputs(self.reference.outputs)
-        # the metric's step on the samples that score candidates (None for a continuous metric)
-        self.resolution = self.reference.resolution()
+        # with the metric's step on the samples that score candidates (None for a continuous metric)
+        self.float_score, self.resolution = self.reference.self_score()
         self.full_float_score = self.full.score_outputs(self.full.outputs)
 
     def quantize(self, overrides: Mapping[str, str]) -> Any:
