@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -26,9 +28,12 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def _run_both(prog: Program, feeds: dict[str, np.ndarray], native: bool = False) -> tuple[dict, dict]:
-    """(reference tensors, ORT tensors) for every tensor the program computes (native: the C++ kernels)."""
-    ref = run_program(prog, feeds, debug=True)
+def _run_both(
+    prog: Program, feeds: dict[str, np.ndarray], native: bool = False, ref: dict | None = None
+) -> tuple[dict, dict]:
+    """(reference tensors, ORT tensors) for every tensor the program computes (native: the C++ kernels);
+    ``ref``: the reference's tensors when the caller already has them for these feeds."""
+    ref = run_program(prog, feeds, debug=True) if ref is None else ref
     inner = [t for t in ref if t not in feeds]
     sess = lowered_session(program_to_model(prog, name="p", expose=inner, native=native), native)
     outs = sess.run(None, {f"p/{k}": v for k, v in feeds.items()})
@@ -36,8 +41,10 @@ def _run_both(prog: Program, feeds: dict[str, np.ndarray], native: bool = False)
     return {t: ref[t] for t in inner}, got
 
 
-def _assert_exact(prog: Program, feeds: dict[str, np.ndarray], native: bool = False) -> int:
-    ref, got = _run_both(prog, feeds, native)
+def _assert_exact(
+    prog: Program, feeds: dict[str, np.ndarray], native: bool = False, ref: dict | None = None
+) -> int:
+    ref, got = _run_both(prog, feeds, native, ref)
     for name, r in ref.items():
         g = got[name]
         assert g.dtype == np.dtype(prog.tensors[name].dtype), name
@@ -56,20 +63,35 @@ def test_digits_every_tensor_bit_exact(digits: dict, fmt: str, target: str, nati
     assert _assert_exact(prog, {ins[0]: q}, native) >= 10
 
 
+@pytest.fixture(scope="module")
+def resnet_programs(resnet: dict) -> Callable[[str, str], tuple]:  # noqa: F811
+    """ResNet-18 compiled for (format, target), with its quantized input and the reference's tensors: each
+    made once and shared by both lowerings (compiling costs about 30 s under tools/exactness.sh's qemu)."""
+    made: dict[tuple[str, str], tuple] = {}
+
+    def get(fmt: str, target: str) -> tuple:
+        if (fmt, target) not in made:
+            prog, ins, outs = _compile(resnet[fmt], target)
+            info = prog.inputs[0]
+            q = np.rint(resnet["x"] / info.scale[0]) + info.zero_point[0]
+            feeds = {ins[0]: np.clip(q, info.qmin, info.qmax).astype(info.dtype)}
+            made[fmt, target] = prog, feeds, outs, run_program(prog, feeds, debug=True)
+        return made[fmt, target]
+
+    return get
+
+
 @pytest.mark.parametrize(("fmt", "target"), [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("fix", "dpu-b4096")])
 @pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
 def test_resnet18_every_tensor_bit_exact(
-    resnet: dict,  # noqa: F811
+    resnet_programs: Callable[[str, str], tuple],
     fmt: str,
     target: str,
     native: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    prog, ins, outs = _compile(resnet[fmt], target)
-    info = prog.inputs[0]
-    x = resnet["x"]
-    q = np.clip(np.rint(x / info.scale[0]) + info.zero_point[0], info.qmin, info.qmax).astype(info.dtype)
-    assert _assert_exact(prog, {ins[0]: q}, native) >= 30
+    prog, feeds, outs, ref = resnet_programs(fmt, target)
+    assert _assert_exact(prog, feeds, native, ref) >= 30
     if native:  # the 31/15-bit multiplier convs run as one fused QConv each
         kinds = [n.op_type for n in lower_program(prog, name="npu0", native=True).nodes]
         assert target == "dpu-b4096" or (kinds.count("QConv") == 20 and "Im2col" not in kinds)
@@ -83,7 +105,7 @@ def test_resnet18_every_tensor_bit_exact(
             monkeypatch.setenv(ISA_ENV, forced)
             if conv_isa() not in seen:
                 seen.add(conv_isa())
-                assert _assert_exact(prog, {ins[0]: q}, native) >= 30
+                assert _assert_exact(prog, feeds, native, ref) >= 30
         assert target == "dpu-b4096" or "portable" in seen
         return
     low = lower_program(prog, name="npu0")

@@ -468,14 +468,12 @@ def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_p
     misses (a budget of 0 always does), the MAC-free layers of the order are scored alone as well."""
     from zonnx.build_npu import target_quantize_kwargs
     from zonnx.inspection.macs import node_macs_by_name
-    from zonnx.quantization.api import quantize_static
-    from zonnx.quantization.calibration.readers import ListReader
     from zonnx.zoo.text_images import rec_samples
 
     shape = (1, 3, 48, 320)
     feeds = [f for _, f in rec_samples(16, seed=5) if f["x"].shape == shape]
     cfg = build_config(**target_quantize_kwargs("dpu-b4096"))
-    _, result, _ = quantize_with_budget(
+    final, result, _ = quantize_with_budget(
         zoo.get("ppocr_rec"), tmp_path / "rec.onnx", feeds[:4], cfg, budget=0.0,
         metric="cosine", eval_feeds=feeds[4:6], max_layers=400,
         input_shapes={"x": list(shape)}, min_npu_share=0.9, finetune_trial="off",
@@ -488,8 +486,8 @@ def test_int8_only_fallback_keeps_the_share_and_scores_the_mac_free_layers(tmp_p
     # smoothed when the search kept SmoothQuant (its inserted Mul nodes can be raised too)
     smoothed = result.smooth_quant is not None and result.smooth_quant.kept
     searched = dataclasses.replace(cfg, extra=dataclasses.replace(cfg.extra, smooth_quant=smoothed))
-    prepared = quantize_static(zoo.get("ppocr_rec"), None, ListReader(feeds[:4]), config=searched).prepared
-    macs = node_macs_by_name(prepared, {"x": list(shape)})
+    assert final.config.extra.smooth_quant == searched.extra.smooth_quant
+    macs = node_macs_by_name(final.prepared, {"x": list(shape)})
     assert all(n in macs for c in (top, alone) for n in c.overrides)
     raised_macs = sum(macs.get(n) or 0 for n in top.overrides)
     total = sum(m for m in macs.values() if m)
