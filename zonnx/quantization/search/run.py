@@ -34,7 +34,7 @@ the layers, and the config file says ``SmoothQuant = true``. ``"off"`` skips it 
 --no-smooth-quant`` turns it off too).
 
 Fast finetune (``finetune_trial="try"``, the default): when the choice misses the budget and the
-configuration does not fine-tune already, the choice is quantized once more with AdaQuant (1000 steps
+configuration does not fine-tune already, the choice is quantized once more with AdaQuant (300 steps
 per layer; ``finetune_seconds`` bounds the tuning by the clock, at the cost of repeatability) and kept
 when it scores at least as well on every evaluation sample (``finetune_step.py``: why it comes last). ``"off"`` skips it.
 
@@ -157,7 +157,7 @@ def quantize_with_budget(
     thresholds when activations are calibrated by min/max, or ``"off"`` (``threshold_step.py``;
     ``BudgetResult.thresholds``); ``smooth_quant_trial``: ``"try"`` SmoothQuant when the configuration
     does not smooth, or ``"off"`` (``smooth_step.py``; ``BudgetResult.smooth_quant``); ``finetune_trial``: ``"try"`` AdaQuant on a choice that misses the budget
-    (its 1000 steps per layer, or at most ``finetune_seconds`` of tuning: a bound that is reached cuts
+    (its 300 steps per layer, or at most ``finetune_seconds`` of tuning: a bound that is reached cuts
     layers short by the clock, so the weights then depend on the machine), or ``"off"`` (``finetune_step.py``;
     ``BudgetResult.finetune``). Returns the final ``QuantizeResult``,
     the ``BudgetResult`` (every candidate) and the config path.
