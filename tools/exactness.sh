@@ -45,7 +45,7 @@ jobs_args=("${subset[*]}" "${subset[*]}")
 # A host whose integer kernels are the AVX2 ones (AMD Zen 1-3, Intel before VNNI) ran the AVX2 path in
 # the native suite already: emulating Haswell would repeat it. Only SSE4.1 is emulated then, in two
 # halves side by side (qemu-user runs one process: pytest-xdist's workers would escape it): the
-# whole-ResNet-18 file in one and the rest in the other (about 6 minutes each on AMD EPYC Zen 3).
+# whole-ResNet-18 file in one and the rest in the other (4.4 and 5.2 minutes on AMD EPYC Zen 3, 2026-11-28).
 host_isa=$("$venv/bin/python" -c 'from zonnx.hostcpu import host_int; print(host_int().isa)')
 if [ "$host_isa" = "avx2" ]; then
   echo "=== exactness subset: this host's integer path is AVX2 (run natively); emulating only SSE4.1 ===" >&2

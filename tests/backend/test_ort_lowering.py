@@ -53,14 +53,19 @@ def _assert_exact(
 
 
 # -- whole models ------------------------------------------------------------------------------------
+def _input_codes(prog: Program, x: np.ndarray) -> np.ndarray:
+    """``x`` quantized on the program's input grid (per-tensor)."""
+    info = prog.inputs[0]
+    q = np.rint(x / info.scale[0]) + info.zero_point[0]
+    return np.clip(q, info.qmin, info.qmax).astype(info.dtype)
+
+
 @pytest.mark.parametrize(("fmt", "target"), [("qdq", "bm1684x"), ("qdq", "zhouyi-x2"), ("fix", "dpu-b4096")])
 @pytest.mark.parametrize("native", KERNELS, ids=KERNEL_IDS)
 def test_digits_every_tensor_bit_exact(digits: dict, fmt: str, target: str, native: bool) -> None:  # noqa: F811
     prog, ins, _ = _compile(digits[fmt], target)
-    info = prog.inputs[0]
     x, _ = digits_data("test")
-    q = np.clip(np.rint(x[:64] / info.scale[0]) + info.zero_point[0], info.qmin, info.qmax).astype(info.dtype)
-    assert _assert_exact(prog, {ins[0]: q}, native) >= 10
+    assert _assert_exact(prog, {ins[0]: _input_codes(prog, x[:64])}, native) >= 10
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +77,7 @@ def resnet_programs(resnet: dict) -> Callable[[str, str], tuple]:  # noqa: F811
     def get(fmt: str, target: str) -> tuple:
         if (fmt, target) not in made:
             prog, ins, outs = _compile(resnet[fmt], target)
-            info = prog.inputs[0]
-            q = np.rint(resnet["x"] / info.scale[0]) + info.zero_point[0]
-            feeds = {ins[0]: np.clip(q, info.qmin, info.qmax).astype(info.dtype)}
+            feeds = {ins[0]: _input_codes(prog, resnet["x"])}
             made[fmt, target] = prog, feeds, outs, run_program(prog, feeds, debug=True)
         return made[fmt, target]
 
