@@ -4,8 +4,9 @@ Lines: rendered text lines (``rec_samples``, seed 11) whose rec input is [1, 3, 
 width for lines up to 6.7:1), so one compiled model with fixed input shapes serves every line. Four
 disjoint splits: calibration (32), search evaluation (32, the ``eval_feeds`` of the search), test
 (1000 lines, about 12100 characters: one character is 0.008 points; the errors cluster in lines, so one
-standard deviation of a model's score over line sets is about 0.1 points, against about 0.2 with the
-200 test lines used before 2026-11-28) and a second calibration draw (the next 32 lines).
+standard deviation of a model's score over line sets is about 0.09 points, against 0.19 with the 200
+test lines used before 2026-11-28: bootstrap over the lines of dpu-b4096's choice) and a second
+calibration draw (the next 32 lines).
 
 Per target:
 1. Plain: ``quantize_static(**target_quantize_kwargs(T))`` (the ``zonnx quantize --target`` recipe).
