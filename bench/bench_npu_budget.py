@@ -171,7 +171,8 @@ def _bench(ctx: BenchContext, all_targets: tuple[str, ...], *, range_search: boo
                 out += _one_target(
                     target,
                     src,
-                    (calib, redraw),
+                    calib,
+                    redraw,
                     search_eval,
                     test,
                     float_acc,
@@ -196,7 +197,8 @@ def _bench(ctx: BenchContext, all_targets: tuple[str, ...], *, range_search: boo
 def _one_target(
     target: str,
     src: Path,
-    calibrations: tuple[list, list],
+    calib: list,
+    redraw: list,
     search_eval: list,
     test: list,
     float_acc: tuple[float, float],
@@ -206,7 +208,6 @@ def _one_target(
     range_search: bool = False,
 ) -> list[Measurement]:
     """Plain recipe (on both calibration draws), budgeted search, deployed on the simulated NPU."""
-    calib, redraw = calibrations
     kwargs = target_quantize_kwargs(target)
     plain_path = work / f"{target}.plain.onnx"
     zonnx.quantize_static(src, plain_path, ListReader(calib), **kwargs)
