@@ -246,7 +246,6 @@ def quantize_static(
         warn_u8s8(cfg)
     from zonnx.quantization.recovery import steps as recovery
 
-    recovery.check_recovery_options(cfg, calibration_data_reader is not None)
     # past proto_limit() a file's external weights stay mapped from it, read one tensor at a time
     # a file is read once: whole, or mapped past the limit
     loaded, is_mapped = (
@@ -267,6 +266,7 @@ def quantize_static(
     has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
     imported = prequant.import_for_quantize(model, has_data)
     cfg = prequant.keep_imported_grids(cfg, imported)
+    recovery.check_recovery_options(cfg, calibration_data_reader is not None)
     prepared_changes = prepare_for_quantization(model, cfg)
     target_prep = prepared_changes if cfg.extra.target else None
     mapped_weights = external_tensors(model) if mapped is not None else []

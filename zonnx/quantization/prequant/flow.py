@@ -75,21 +75,31 @@ def import_for_quantize(model: ir.Model, has_data: bool) -> ImportedModel | None
 
 
 def keep_imported_grids(cfg: Any, imported: ImportedModel | None) -> Any:
-    """``cfg`` without IncludeCLE and SmoothQuant for a pre-quantized model whose grids are kept (not
-    ``PrequantRequantize``): both rescale channels the imported grids were fitted to. Logged when dropped."""
+    """``cfg`` without IncludeCLE, SmoothQuant and BiasCorrection for a pre-quantized model whose grids
+    are kept (not ``PrequantRequantize``): the first two rescale channels the imported grids were fitted
+    to, and bias correction would pull the model from the source's outputs towards its dequantized
+    weights' (for a QAT model, a float model nobody deploys). Logged when dropped."""
     extra = cfg.extra
-    rescaling = [
-        k for k, on in (("IncludeCLE", extra.include_cle), ("SmoothQuant", extra.smooth_quant)) if on
+    dropped = [
+        k
+        for k, on in (
+            ("IncludeCLE", extra.include_cle),
+            ("SmoothQuant", extra.smooth_quant),
+            ("BiasCorrection", extra.bias_correction),
+        )
+        if on
     ]
-    if imported is None or extra.prequant_requantize or not rescaling:
+    if imported is None or extra.prequant_requantize or not dropped:
         return cfg
     logger.warning(
-        "%s skipped: rescaling channels would void the pre-quantized model's own grids; pass "
+        "%s skipped: the pre-quantized model's own grids and biases are kept; pass "
         "PrequantRequantize (--requantize) to quantize from scratch with %s",
-        " and ".join(rescaling),
-        "them" if len(rescaling) > 1 else "it",
+        " and ".join(dropped),
+        "them" if len(dropped) > 1 else "it",
     )
-    return dataclasses.replace(cfg, extra=dataclasses.replace(extra, include_cle=False, smooth_quant=False))
+    return dataclasses.replace(
+        cfg, extra=dataclasses.replace(extra, include_cle=False, smooth_quant=False, bias_correction=False)
+    )
 
 
 def _follow_renamed_weights(model: ir.Model, imported: ImportedModel) -> None:

@@ -34,6 +34,11 @@ whose bias is a plain initializer of its own gets the same correction, unrounded
 through quantizers, and without it the mean error they carry passes through where its quantized version
 would have corrected it. MatMul has no bias input (a following Add is a separate op) and a layer without a
 bias is not given one: both are left alone, as is a bias shared with other nodes.
+
+A correction that lowers the output SQNR on its own samples is undone (``bias_undo.py``): the model
+leaves with its calibrated biases and the record and a warning say so. On PP-OCRv4 rec for zhouyi-x2,
+16 calibration lines lowered it 13.06 -> 12.36 dB and char accuracy on 40 other lines 0.996 -> 0.974,
+where 32 lines raised it 9.63 -> 14.55 dB and accuracy on 1000 lines 0.9730 -> 0.9951.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from zonnx.backend.targets import Target
 from zonnx.ir.io import to_proto
 from zonnx.passes.base import Changes
 from zonnx.passes.fusion.matching import const_array, label
+from zonnx.quantization.recovery.bias_undo import BiasSnapshot
 from zonnx.quantization.recovery.channel_means import ChannelProbe, output_sqnr, probe_session
 from zonnx.quantization.recovery.graph_runs import GraphRuns, initializer_override
 from zonnx.quantization.refine.base import fused_activations
@@ -78,11 +84,17 @@ class BiasCorrectionRecord:
     moved_positions: int = 0
     sqnr_before: float = 0.0
     sqnr_after: float = 0.0
+    undone: bool = False
     skipped: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         if not self.layers:
             return "bias correction: no bias to correct; model unchanged"
+        if self.undone:
+            return (
+                f"bias correction: undone, it lowered the output SQNR on its {self.samples} samples "
+                f"({self.sqnr_before:.2f} -> {self.sqnr_after:.2f} dB); model unchanged"
+            )
         extra = f", {self.clipped} saturated" if self.clipped else ""
         extra += f", {self.moved_positions} bias position(s) widened" if self.moved_positions else ""
         return (
@@ -362,6 +374,7 @@ def correct_biases(
     f_means, f_outs = reference.run(feeds)
     del reference
     fix = _Corrector(model, graph, target)
+    snapshot = BiasSnapshot(model, [(x.source, None if x.site is None else x.quantizer) for x in layers])
 
     def probe(proto: onnx.ModelProto) -> ChannelProbe:
         sources = [x.source.name for x in layers]
@@ -416,10 +429,13 @@ def correct_biases(
     record.runs += 1
     record.layers, record.clipped, record.moved_positions = len(changed), fix.clipped, fix.moved
     record.sqnr_after = output_sqnr(f_outs, q_outs)
-    if record.sqnr_after < record.sqnr_before:
+    if record.sqnr_after < record.sqnr_before and record.layers:
+        snapshot.restore()
+        record.undone = True
         logger.warning(
-            "bias correction lowered the output SQNR on its own samples (%.2f -> %.2f dB); give more "
-            "calibration samples or turn BiasCorrection off",
+            "bias correction lowered the output SQNR on its own %d samples (%.2f -> %.2f dB), so it was "
+            "undone: the biases are as calibrated. Give more calibration samples to correct them.",
+            record.samples,
             record.sqnr_before,
             record.sqnr_after,
         )
