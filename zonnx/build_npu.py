@@ -83,8 +83,7 @@ def target_quantize_kwargs(target_name: str, quant_format: Any = None) -> dict[s
         kwargs: dict[str, Any] = dict(
             quant_format=quant_format or VitisQuantFormat.FixNeuron,
             calibrate_method=PowerOfTwoMethod.MinMSE,
-            # QOperator models are converted from QDQ afterwards; bias correction refuses them
-            extra_options={"BiasCorrection": quant_format != QuantFormat.QOperator},
+            extra_options={},
         )
         if rules.weight_granularity == "per_tensor":
             kwargs["extra_options"].update(PER_TENSOR_WEIGHT_RECOVERY)
@@ -96,15 +95,16 @@ def target_quantize_kwargs(target_name: str, quant_format: Any = None) -> dict[s
             extra_options={
                 "ActivationSymmetric": rules.activation_symmetric,
                 "WeightSymmetric": rules.weight_symmetric,
-                "BiasCorrection": quant_format != QuantFormat.QOperator,
             },
         )
         if rules.activation_symmetric:
             kwargs["calibrate_method"] = ZonnxCalibrationMethod.MSE
+    # QOperator models are converted from QDQ afterwards; bias correction refuses them
+    kwargs["extra_options"]["BiasCorrection"] = quant_format != QuantFormat.QOperator
     if "int16" in rules.activation_dtypes:
         # the LayerNorm/residual-Add trap (zonnx.quantization.traps): int16 where the target has it
-        kwargs.setdefault("extra_options", {})["ResidualStream16"] = True
-    kwargs.setdefault("extra_options", {})["Target"] = target_name
+        kwargs["extra_options"]["ResidualStream16"] = True
+    kwargs["extra_options"]["Target"] = target_name
     return kwargs
 
 
