@@ -11,14 +11,17 @@ import pytest
 import zonnx
 from tests.helpers import parse
 from zonnx import zoo
+from zonnx.backend.targets import load_target
 from zonnx.build_npu import target_quantize_kwargs
 from zonnx.errors import OptionError
-from zonnx.ir.io import to_ir
+from zonnx.ir.io import to_ir, to_proto
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.enums import PowerOfTwoMethod, QuantFormat, VitisQuantFormat
 from zonnx.quantization.recovery.bias_correction import correct_biases
+from zonnx.quantization.recovery.bias_undo import BiasSnapshot
 from zonnx.quantization.recovery.channel_means import ChannelProbe
 from zonnx.quantization.refine.pipeline import refine_model
+from zonnx.quantization.refine.positions import QuantGraph
 from zonnx.verify import run_ort
 from zonnx.zoo.digits import digits_data
 
@@ -196,3 +199,50 @@ def test_a_dpu_bias_the_correction_outgrows_widens_in_both_formats(fmt: QuantFor
     )
     assert after < 0.05 * before, (before, after)
     assert refine_model(to_ir(fixed.model), "dpu-b4096").total == 0  # the widened grids obey shift_bias
+
+
+@pytest.mark.parametrize("fmt", [None, QuantFormat.QDQ], ids=["fixneuron", "qdq"])
+def test_an_undone_correction_leaves_the_dpu_graph_as_calibrated(fmt: QuantFormat | None) -> None:
+    """The trained yolo_det on dpu-b4096, 4 of its sample images: the correction lowers the output SQNR on
+    them (measured 31.99 -> 31.97 dB, FixNeuron), so it is undone and the graph is byte-for-byte the one
+    quantized without it: biases, quantizer positions and initializers as calibrated, FixNeuron or QDQ."""
+    model, feeds = zoo.get("yolo_det"), zoo.sample_inputs("yolo_det", 4, seed=1)
+    kwargs = target_quantize_kwargs("dpu-b4096", fmt)
+    extra = kwargs.pop("extra_options")
+    fixed = zonnx.quantize_static(
+        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": True}, **kwargs
+    )
+    plain = zonnx.quantize_static(
+        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **kwargs
+    )
+    record = fixed.recovery["bias_correction"]
+    assert record.undone and record.layers == 8 and record.sqnr_after < record.sqnr_before, record.summary()
+    assert fixed.model.graph.SerializeToString() == plain.model.graph.SerializeToString()
+
+
+@pytest.mark.parametrize("fmt", [None, QuantFormat.QDQ], ids=["fixneuron", "qdq"])
+def test_the_snapshot_restores_widened_dpu_positions(fmt: QuantFormat | None) -> None:
+    """A correction that widened two bias positions (the 1000x-smaller biases above), then restored from
+    the snapshot taken before it: the graph serializes byte-for-byte as calibrated, positions included."""
+    model = small_cnn()
+    for t in model.graph.initializer:
+        if t.name in ("b1", "b2"):
+            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1e-3, t.name))
+    feeds = _feeds(6)
+    kwargs = target_quantize_kwargs("dpu-b4096", fmt)
+    extra = kwargs.pop("extra_options")
+    plain = zonnx.quantize_static(
+        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **kwargs
+    )
+    calibrated = plain.model.graph.SerializeToString()
+    work = to_ir(plain.model)
+    quant_graph = QuantGraph(work)
+    biases = [node.inputs[2] for node in work.graph if node.op_type == "Conv"]
+    quantizers = [site.quantizers[0] for site in map(quant_graph.input_site, biases) if site is not None]
+    assert len(quantizers) == 2
+    snapshot = BiasSnapshot(work, [(q.source, q) for q in quantizers])
+    record = correct_biases(work, plain.prepared, feeds, target=load_target("dpu-b4096"))
+    assert record.moved_positions == 2 and not record.undone, record.summary()
+    assert to_proto(work).graph.SerializeToString() != calibrated
+    snapshot.restore()
+    assert to_proto(work).graph.SerializeToString() == calibrated
