@@ -246,6 +246,8 @@ def quantize_static(
         warn_u8s8(cfg)
     from zonnx.quantization.recovery import steps as recovery
 
+    recovery.check_recovery_formats(cfg)  # before the model is read; the data check follows its import
+
     # past proto_limit() a file's external weights stay mapped from it, read one tensor at a time
     # a file is read once: whole, or mapped past the limit
     loaded, is_mapped = (

@@ -133,8 +133,14 @@ def test_all_at_once_is_measured_too() -> None:
     assert record.runs == 3 and not record.sequential and record.layers == 2
 
 
-def test_refusals() -> None:
+def test_refusals(tmp_path) -> None:
     model, feeds = small_cnn(), _feeds(2)
+    # a format bias correction or fast finetune cannot work on is refused before the model is read
+    for option in ("BiasCorrection", "IncludeFastFT"):
+        with pytest.raises(OptionError, match="QOperator"):
+            zonnx.quantize_static(
+                tmp_path / "absent.onnx", None, None, QuantFormat.QOperator, extra_options={option: True}
+            )
     with pytest.raises(OptionError, match="QOperator"):
         zonnx.quantize_static(
             model, None, ListReader(feeds), QuantFormat.QOperator, extra_options={"BiasCorrection": True}

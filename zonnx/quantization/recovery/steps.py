@@ -7,6 +7,8 @@ from __future__ import annotations
 __all__ = [
     "KEPT_SAMPLES",
     "check_fast_finetune",
+    "check_fast_finetune_format",
+    "check_recovery_formats",
     "check_recovery_options",
     "recover_float",
     "recover_quantized",
@@ -35,10 +37,14 @@ logger = logging.getLogger(__name__)
 KEPT_SAMPLES = 256
 
 
-def check_recovery_options(cfg: QuantConfig, has_reader: bool) -> None:
-    """Refuse, before calibration, a bias correction or fast finetune that could not run."""
+def check_recovery_formats(cfg: QuantConfig) -> None:
+    """Refuse, before the model is read, a bias correction or fast finetune its format has no room for.
+
+    These refusals hold whatever the model is, so they come first; what depends on the model (a
+    pre-quantized import drops bias correction) and on the data is ``check_recovery_options``.
+    """
     if cfg.extra.include_fast_ft:
-        check_fast_finetune(cfg, has_reader)
+        check_fast_finetune_format(cfg)
     if not cfg.extra.bias_correction:
         return
     if cfg.quant_format == QuantFormat.QOperator:
@@ -48,20 +54,32 @@ def check_recovery_options(cfg: QuantConfig, has_reader: bool) -> None:
         )
     if cfg.activation_type == "bfloat16":
         raise OptionError("extra_options BiasCorrection: bfloat16 models have no quantized bias; remove it.")
-    if not has_reader:
+
+
+def check_recovery_options(cfg: QuantConfig, has_reader: bool) -> None:
+    """Refuse, before calibration, a bias correction or fast finetune that could not run."""
+    check_recovery_formats(cfg)
+    if cfg.extra.include_fast_ft:
+        check_fast_finetune(cfg, has_reader)
+    if cfg.extra.bias_correction and not has_reader:
         raise OptionError(
             "extra_options BiasCorrection needs calibration samples: give a calibration_data_reader "
             "(zonnx quantize --calib), also when statistics are loaded."
         )
 
 
-def check_fast_finetune(cfg: QuantConfig, has_reader: bool) -> None:
-    """Fast finetune needs weight quantizers (not QOperator) and calibration samples to capture."""
+def check_fast_finetune_format(cfg: QuantConfig) -> None:
+    """Fast finetune needs weight quantizers: QOperator models have none."""
     if cfg.quant_format == QuantFormat.QOperator:
         raise OptionError(
             "IncludeFastFT: fast finetune rewrites weights behind DequantizeLinear/FixNeuron nodes and "
             "QOperator models have none; use quant_format QDQ (or a Vitis format)."
         )
+
+
+def check_fast_finetune(cfg: QuantConfig, has_reader: bool) -> None:
+    """Fast finetune needs weight quantizers (not QOperator) and calibration samples to capture."""
+    check_fast_finetune_format(cfg)
     if not has_reader:
         raise OptionError(
             "IncludeFastFT needs calibration samples: pass a calibration_data_reader (saved statistics "
