@@ -5,7 +5,8 @@ QOperator / QDQ and dynamic), by TensorFlow's TFLite converter, and by torch QAT
 Per (source, target): the share of MACs the partitioner puts on the NPU after ``zonnx quantize --target``
 (target >= 95%; note: the source compiled as it is, which is what users got before), compiled with the
 samples' static input shapes; and the output cosine of the retargeted model against the source model, both
-run by ORT on held-out samples (target >= 0.99). For the QAT model also the task metric: top-1 on the
+run by ORT on held-out samples (target >= 0.99), as written and exactly on every CPU (``verify.ort_session``;
+with ORT's default fusions, x86 hosts without VNNI saturate u8 x s8 sums and the cosines measure that). For the QAT model also the task metric: top-1 on the
 digits test split of the retargeted QAT model against PTQ from float (the same network before QAT,
 quantized by ``zonnx quantize --target`` on the same calibration images; target ratio >= 1). Where the
 float network is at hand (ORT sources: the model ORT quantized, after its pre-processing; QAT: the network
@@ -25,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from bench import prequant_sources as src
 from bench.runner import HIGHER, BenchContext, Measurement
@@ -52,7 +52,11 @@ def _share(model: object, target: str, feeds: Feeds) -> float:
 
 
 def _cosine(a: Path, b: Path, feeds: Feeds) -> float:
-    sa, sb = ort.InferenceSession(str(a)), ort.InferenceSession(str(b))
+    """Output cosine of two models, each run by ORT as written, exactly on every CPU (``ort_session``: no
+    QDQ fusion; on x86 without VNNI, integer ops with int8 weights in ORT's exact u8 x u8 form)."""
+    from zonnx.verify import ort_session
+
+    sa, sb = ort_session(a), ort_session(b)
     x = np.concatenate([sa.run(None, f)[0].ravel() for f in feeds]).astype(np.float64)
     y = np.concatenate([sb.run(None, f)[0].ravel() for f in feeds]).astype(np.float64)
     return float(x @ y / np.linalg.norm(x) / np.linalg.norm(y))

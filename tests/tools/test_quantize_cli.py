@@ -161,7 +161,7 @@ def test_recovery_flags(calib: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     text = " ".join(proc.stdout.split())
     assert "cross-layer equalization:" in text and "x 2 step(s)" in text
-    assert "bias correction:" in text and "output SQNR on those samples" in text
+    assert "bias correction:" in text and "output SQNR against the float model on those samples" in text
     bad = run_cli("quantize", str(zoo.get("digits_cnn")), str(tmp_path / "x.onnx"), "--calib", str(calib),
                   "--cle-steps", "2")  # fmt: skip
     assert bad.returncode != 0 and "IncludeCLE=True" in bad.stderr

@@ -267,7 +267,7 @@ def quantize_static(
 
     has_data = calibration_data_reader is not None or bool(cfg.extra.load_stats or calibration_cache_path)
     imported = prequant.import_for_quantize(model, has_data)
-    cfg = prequant.keep_imported_grids(cfg, imported)
+    cfg = prequant.keep_imported_grids(cfg, imported, calibration_data_reader is not None)
     recovery.check_recovery_options(cfg, calibration_data_reader is not None)
     prepared_changes = prepare_for_quantization(model, cfg)
     target_prep = prepared_changes if cfg.extra.target else None
@@ -362,9 +362,17 @@ def quantize_static(
         records["fast_finetune"] = _fast_finetune(float_model, model, plan, reader, fast_ft)
     if cfg.extra.bias_correction:
         feeds = reader.fill()[: recovery.KEPT_SAMPLES]
-        records.update(
-            recovery.recover_quantized(model, float_model, feeds, cfg, target, calibration_providers)
-        )
+        judge = None  # a retarget is judged against its source, and skipped when it reproduces it
+        if imported is not None and grid_rows is not None:
+            judge = prequant.bias_correction_judge(
+                model_input, model, grid_rows, feeds, calibration_providers
+            )
+        if imported is None or judge is not None:
+            records.update(
+                recovery.recover_quantized(
+                    model, float_model, feeds, cfg, target, calibration_providers, judge
+                )
+            )
     proto = materialize(to_proto(model))  # what is still in the input's files is read: the output is whole
     streamed = mapped is not None
     if streamed:  # past the limit: the graph's copy of the quantized weights goes before the report

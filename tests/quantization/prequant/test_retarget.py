@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -81,13 +82,19 @@ def test_import_gives_float_model_with_every_grid(ort_models: dict[str, Path], f
     assert cos > 0.998, cos  # the float model computes what the source does, up to its rounding
 
 
-def test_qdq_to_zhouyi_keeps_every_grid_and_the_source_outputs(ort_models: dict[str, Path], tmp_path) -> None:
-    """zhouyi-x2 takes ORT's grids as they are: nothing snapped, the output equals the source's."""
+def test_qdq_to_zhouyi_keeps_every_grid_and_the_source_outputs(
+    ort_models: dict[str, Path], tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """zhouyi-x2 takes ORT's grids as they are: nothing snapped, the output equals the source's (so the
+    recipe's bias correction has nothing to correct and is skipped, said)."""
     out = tmp_path / "z.onnx"
-    res = quantize_static(ort_models["QDQ"], out, ListReader(zoo.sample_inputs("resnet18-random", 2)),
-                          **target_quantize_kwargs("zhouyi-x2"))  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        res = quantize_static(ort_models["QDQ"], out, ListReader(zoo.sample_inputs("resnet18-random", 2)),
+                              **target_quantize_kwargs("zhouyi-x2"))  # fmt: skip
     counts = res.prequant.counts()
     assert counts == {"activation kept": 33, "weight kept": 21}, counts
+    assert "BiasCorrection skipped: the retarget keeps every grid" in caplog.text
+    assert "bias_correction" not in res.recovery
     assert res.prequant.checked and min(r["cosine"] for r in res.prequant.outputs.values()) > 0.99999
     ops = Counter(n.op_type for n in res.model.graph.node)
     # one layer of Q/DQ, not two; zhouyi-x2 cannot fuse Relu into a residual Add, so its refinement adds
@@ -103,6 +110,7 @@ def test_qoperator_to_bm1684x_without_data(ort_models: dict[str, Path], tmp_path
     )
     rep = res.prequant
     assert rep.form == "qoperator" and not rep.checked and "no accuracy check" in rep.summary()
+    assert "bias_correction" not in res.recovery  # nothing to measure a correction on
     assert (
         rep.counts()["weight kept"] == 21
     )  # ORT's symmetric per-channel int8 weights fit bm1684x as they are

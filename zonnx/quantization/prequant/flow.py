@@ -5,11 +5,15 @@
    imports then fold their float bias Adds into Conv/Gemm (``fold-conv-affine``, ``canonicalize-gemm``).
    ``keep_imported_grids``: CLE and SmoothQuant rescale weights and activations, so the imported grids
    would no longer fit them; they are skipped, and said, unless the model is re-quantized from scratch.
+   Bias correction is skipped without calibration samples (nothing to measure it on).
 2. ``pin_for_plan``: after annotation, planned activations take the imported ranges (``retarget``); a
    tensor that has none needs calibration data, else one line names it. On a symmetric target that also
    lists unsigned codes (bm1684x), a non-negative range keeps them (zero point 0) rather than a step twice
    as coarse.
-3. ``finish_report``: the per-tensor changes and, with calibration samples, the retargeted model's outputs
+3. Bias correction (``bias_correction_judge``): when every grid was kept the retarget is the source and
+   there is nothing to correct (skipped, said); when the target's rules snapped or calibrated a grid,
+   the correction runs and is kept only if it brings the outputs closer to the source's.
+4. ``finish_report``: the per-tensor changes and, with calibration samples, the retargeted model's outputs
    against the source model's.
 """
 
@@ -19,6 +23,7 @@ __all__ = [
     "refuse_narrow_activations",
     "import_for_quantize",
     "keep_imported_grids",
+    "bias_correction_judge",
     "pin_for_plan",
     "finish_report",
     "grid_changes",
@@ -42,6 +47,7 @@ from zonnx.quantization.prequant.retarget import (
     grid_changes,
     keep_unsigned,
     pin_ranges,
+    source_outputs,
 )
 from zonnx.quantization.schemes import qdtype
 
@@ -74,32 +80,59 @@ def import_for_quantize(model: ir.Model, has_data: bool) -> ImportedModel | None
     return imported
 
 
-def keep_imported_grids(cfg: Any, imported: ImportedModel | None) -> Any:
-    """``cfg`` without IncludeCLE, SmoothQuant and BiasCorrection for a pre-quantized model whose grids
-    are kept (not ``PrequantRequantize``): the first two rescale channels the imported grids were fitted
-    to, and bias correction would pull the model from the source's outputs towards its dequantized
-    weights' (for a QAT model, a float model nobody deploys). Logged when dropped."""
+def keep_imported_grids(cfg: Any, imported: ImportedModel | None, has_reader: bool) -> Any:
+    """``cfg`` without IncludeCLE and SmoothQuant for a pre-quantized model whose grids are kept (not
+    ``PrequantRequantize``): they rescale channels the imported grids were fitted to. Without calibration
+    samples BiasCorrection goes too (it is measured against the source on them). Logged when dropped."""
     extra = cfg.extra
     dropped = [
         k
         for k, on in (
             ("IncludeCLE", extra.include_cle),
             ("SmoothQuant", extra.smooth_quant),
-            ("BiasCorrection", extra.bias_correction),
+            ("BiasCorrection", extra.bias_correction and not has_reader),
         )
         if on
     ]
     if imported is None or extra.prequant_requantize or not dropped:
         return cfg
     logger.warning(
-        "%s skipped: the pre-quantized model's own grids and biases are kept; pass "
-        "PrequantRequantize (--requantize) to quantize from scratch with %s",
+        "%s skipped: the pre-quantized model's own grids are kept%s; pass PrequantRequantize "
+        "(--requantize) to quantize from scratch with %s",
         " and ".join(dropped),
+        " (and no calibration samples to measure a bias correction on)" if not has_reader else "",
         "them" if len(dropped) > 1 else "it",
     )
     return dataclasses.replace(
-        cfg, extra=dataclasses.replace(extra, include_cle=False, smooth_quant=False, bias_correction=False)
+        cfg,
+        extra=dataclasses.replace(
+            extra,
+            include_cle=False,
+            smooth_quant=False,
+            bias_correction=extra.bias_correction and has_reader,
+        ),
     )
+
+
+def bias_correction_judge(
+    source: onnx.ModelProto | str,
+    model: ir.Model,
+    rows: Sequence[GridChange],
+    feeds: Sequence[dict[str, Any]],
+    providers: Sequence[str] | None,
+) -> tuple[str, list[list[Any]]] | None:
+    """What a retarget's bias correction is judged against: the source model's outputs on ``feeds``; None
+    when every grid was kept or propagated (the retarget reproduces the source: nothing to correct)."""
+    changed = [r for r in rows if r.action not in ("kept", "propagated")]
+    if not changed:
+        logger.warning(
+            "BiasCorrection skipped: the retarget keeps every grid of the pre-quantized model, so its "
+            "outputs are the source's and there is no error to correct"
+        )
+        return None
+    names = [o.name for o in model.graph.outputs]
+    path = str(source) if not isinstance(source, onnx.ModelProto) else source
+    return "source model", source_outputs(path, names, feeds, providers)
 
 
 def _follow_renamed_weights(model: ir.Model, imported: ImportedModel) -> None:

@@ -18,7 +18,16 @@ model run by ONNX Runtime (cosine, SQNR); without samples no check is done, and 
 
 from __future__ import annotations
 
-__all__ = ["GridChange", "RetargetReport", "pin_ranges", "keep_unsigned", "grid_changes", "compare_outputs"]
+__all__ = [
+    "GridChange",
+    "RetargetReport",
+    "pin_ranges",
+    "keep_unsigned",
+    "grid_changes",
+    "compare_outputs",
+    "exact_session",
+    "source_outputs",
+]
 
 import dataclasses
 import logging
@@ -234,38 +243,39 @@ def grid_changes(
     return rows
 
 
-def compare_outputs(source: onnx.ModelProto | str, result: onnx.ModelProto, feeds: Sequence[dict[str, Any]],
-                    providers: Sequence[str] | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
-    """Cosine and SQNR of each output of ``result`` against the source model, both run by ONNX Runtime."""
+def exact_session(m: onnx.ModelProto | str, providers: Sequence[str] | None = None) -> Any:
+    """ORT's session on ``m`` in its exact integer form (``verify.exact_integer_form``: no saturating
+    u8 x s8 kernels on a host without VNNI), optimized; when ORT's fusions refuse a valid QDQ graph
+    (4-bit codes into QLinearConv), the graph as written; when that fails too, one VerificationError line."""
     import onnxruntime as ort
 
     from zonnx.ir.io import to_proto
     from zonnx.ir.large import ort_session as large_session
     from zonnx.verify import exact_integer_form
 
-    def session(m: onnx.ModelProto | str) -> ort.InferenceSession:
-        """ORT's session on ``m`` in its exact integer form (``verify.exact_integer_form``: no saturating
-        u8 x s8 kernels on a host without VNNI), optimized; when ORT's fusions refuse a valid QDQ graph
-        (4-bit codes into QLinearConv), the graph as written; when that fails too, one VerificationError line."""
-        proto = exact_integer_form(onnx.load(m) if isinstance(m, str) else to_proto(m))
-        levels = [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
-        while True:
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
-            opts.graph_optimization_level = levels.pop(0)
-            try:
-                return large_session(proto, opts, list(providers or ["CPUExecutionProvider"]))
-            except Exception as e:  # ORT's exception classes share no public base
-                first = first_line(e)
-                if not levels:
-                    raise VerificationError(
-                        f"onnxruntime cannot run the model to compare outputs with the source: {first}"
-                    ) from None
-                logger.info(
-                    "comparing outputs: ORT's graph optimizations failed (%s); running it as written", first
-                )
+    proto = exact_integer_form(onnx.load(m) if isinstance(m, str) else to_proto(m))
+    levels = [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
+    while True:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = levels.pop(0)
+        try:
+            return large_session(proto, opts, list(providers or ["CPUExecutionProvider"]))
+        except Exception as e:  # ORT's exception classes share no public base
+            first = first_line(e)
+            if not levels:
+                raise VerificationError(
+                    f"onnxruntime cannot run the model to compare outputs with the source: {first}"
+                ) from None
+            logger.info(
+                "comparing outputs: ORT's graph optimizations failed (%s); running it as written", first
+            )
 
-    src, got = session(source), session(result)
+
+def compare_outputs(source: onnx.ModelProto | str, result: onnx.ModelProto, feeds: Sequence[dict[str, Any]],
+                    providers: Sequence[str] | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Cosine and SQNR of each output of ``result`` against the source model, both run by ONNX Runtime."""
+    src, got = exact_session(source, providers), exact_session(result, providers)
     names = [o.name for o in got.get_outputs() if o.name in {s.name for s in src.get_outputs()}]
     acc: dict[str, list[np.ndarray]] = {n: [] for n in names}
     ref: dict[str, list[np.ndarray]] = {n: [] for n in names}
@@ -284,3 +294,13 @@ def compare_outputs(source: onnx.ModelProto | str, result: onnx.ModelProto, feed
         sq = _sqnr(r, g)
         out[n] = {"cosine": round(cos, 6), "sqnr_db": round(sq, 2) if not math.isinf(sq) else 999.0}
     return out
+
+
+def source_outputs(
+    source: onnx.ModelProto | str, names: Sequence[str], feeds: Sequence[dict[str, Any]],
+    providers: Sequence[str] | None = None,
+) -> list[list[np.ndarray]]:  # fmt: skip
+    """The source model's outputs ``names`` on each feed, run by ORT exactly (``exact_session``)."""
+    sess = exact_session(source, providers)
+    want = {i.name for i in sess.get_inputs()}
+    return [sess.run(list(names), {k: v for k, v in f.items() if k in want}) for f in feeds]

@@ -38,7 +38,9 @@ bias is not given one: both are left alone, as is a bias shared with other nodes
 A correction that lowers the output SQNR on its own samples is undone (``bias_undo.py``): the model
 leaves with its calibrated biases and the record and a warning say so. On PP-OCRv4 rec for zhouyi-x2,
 16 calibration lines lowered it 13.06 -> 12.36 dB and char accuracy on 40 other lines 0.996 -> 0.974,
-where 32 lines raised it 9.63 -> 14.55 dB and accuracy on 1000 lines 0.9730 -> 0.9951.
+where 32 lines raised it 9.63 -> 14.55 dB and accuracy on 1000 lines 0.9730 -> 0.9951. For a retargeted
+pre-quantized model the decision is measured against the source model's outputs (``judge``), since the
+source, not the float network its weights dequantize to, is what the retarget must reproduce.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ _POF2_FORMS = ("fixneuron", "vitis_qdq", "vitis_dq")
 
 @dataclasses.dataclass
 class BiasCorrectionRecord:
-    """What ``correct_biases`` did; SQNRs (dB) are of the model outputs against the float model."""
+    """What ``correct_biases`` did; SQNRs (dB) are of the model outputs against ``reference`` (the float
+    model, or the source of a retargeted pre-quantized model)."""
 
     layers: int = 0
     candidates: int = 0
@@ -85,6 +88,7 @@ class BiasCorrectionRecord:
     sqnr_before: float = 0.0
     sqnr_after: float = 0.0
     undone: bool = False
+    reference: str = "float model"
     skipped: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
@@ -92,15 +96,15 @@ class BiasCorrectionRecord:
             return "bias correction: no bias to correct; model unchanged"
         if self.undone:
             return (
-                f"bias correction: undone, it lowered the output SQNR on its {self.samples} samples "
-                f"({self.sqnr_before:.2f} -> {self.sqnr_after:.2f} dB); model unchanged"
+                f"bias correction: undone, it lowered the output SQNR against the {self.reference} on its "
+                f"{self.samples} samples ({self.sqnr_before:.2f} -> {self.sqnr_after:.2f} dB); model unchanged"
             )
         extra = f", {self.clipped} saturated" if self.clipped else ""
         extra += f", {self.moved_positions} bias position(s) widened" if self.moved_positions else ""
         return (
             f"bias correction: {self.layers} biases ({'sequential' if self.sequential else 'all at once'}, "
-            f"{self.samples} samples, {self.runs} runs{extra}); output SQNR on those samples "
-            f"{self.sqnr_before:.2f} -> {self.sqnr_after:.2f} dB"
+            f"{self.samples} samples, {self.runs} runs{extra}); output SQNR against the {self.reference} on "
+            f"those samples {self.sqnr_before:.2f} -> {self.sqnr_after:.2f} dB"
         )
 
 
@@ -353,13 +357,20 @@ def correct_biases(
     target: Target | None = None,
     sequential: bool = True,
     providers: Sequence[str] = ("CPUExecutionProvider",),
+    judge: tuple[str, Sequence[Sequence[np.ndarray]]] | None = None,
 ) -> BiasCorrectionRecord:
-    """Correct the quantized biases of ``model`` in place from runs on ``feeds`` (see the module docstring)."""
+    """Correct the quantized biases of ``model`` in place from runs on ``feeds`` (see the module docstring).
+
+    ``judge``: (what it is, its outputs per feed in ``model``'s output order), the reference the kept or
+    undone decision is measured against instead of ``float_model``'s outputs.
+    """
     graph = QuantGraph(model)
     layers, skipped = _candidates(model, graph, float_model)
     record = BiasCorrectionRecord(
         candidates=len(layers), samples=len(feeds), sequential=sequential, skipped=skipped
     )
+    if judge is not None:
+        record.reference = judge[0]
     for reason in skipped:
         logger.info("bias correction: %s", reason)
     if not layers or not feeds:
@@ -373,6 +384,8 @@ def correct_biases(
     )
     f_means, f_outs = reference.run(feeds)
     del reference
+    if judge is not None:
+        f_outs = [list(outs) for outs in judge[1]]
     fix = _Corrector(model, graph, target)
     snapshot = BiasSnapshot(model, [(x.source, None if x.site is None else x.quantizer) for x in layers])
 
@@ -432,11 +445,18 @@ def correct_biases(
     if record.sqnr_after < record.sqnr_before and record.layers:
         snapshot.restore()
         record.undone = True
+        advice = (
+            "Give more calibration samples to correct them."
+            if judge is None
+            else "The float network its weights dequantize to is not the model to reproduce here."
+        )
         logger.warning(
-            "bias correction lowered the output SQNR on its own %d samples (%.2f -> %.2f dB), so it was "
-            "undone: the biases are as calibrated. Give more calibration samples to correct them.",
+            "bias correction lowered the output SQNR against the %s on its own %d samples (%.2f -> %.2f dB), "
+            "so it was undone: the biases are as calibrated. %s",
+            record.reference,
             record.samples,
             record.sqnr_before,
             record.sqnr_after,
+            advice,
         )
     return record

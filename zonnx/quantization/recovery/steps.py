@@ -109,14 +109,21 @@ def recover_quantized(
     cfg: QuantConfig,
     target: Target | None,
     providers: Sequence[str] | None,
+    judge: tuple[str, Sequence[Sequence[np.ndarray]]] | None = None,
 ) -> dict[str, Any]:
-    """Bias correction of the written (and refined) quantized model, when ``BiasCorrection`` is set."""
+    """Bias correction of the written (and refined) quantized model, when ``BiasCorrection`` is set
+    (``judge``: the outputs its kept-or-undone decision is measured against, default the float model's)."""
     if not cfg.extra.bias_correction:
         return {}
     from zonnx.quantization.recovery.bias_correction import correct_biases
 
     record = correct_biases(
-        model, float_model, feeds, target=target, providers=providers or ("CPUExecutionProvider",)
+        model,
+        float_model,
+        feeds,
+        target=target,
+        providers=providers or ("CPUExecutionProvider",),
+        judge=judge,
     )
     logger.info("%s", record.summary())
     return {"bias_correction": record}
