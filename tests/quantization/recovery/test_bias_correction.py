@@ -4,6 +4,8 @@ bench/bench_recovery.py.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -15,6 +17,7 @@ from zonnx.backend.targets import load_target
 from zonnx.build_npu import target_quantize_kwargs
 from zonnx.errors import OptionError
 from zonnx.ir.io import to_ir, to_proto
+from zonnx.quantization.api import QuantizeResult
 from zonnx.quantization.calibration.readers import ListReader
 from zonnx.quantization.enums import PowerOfTwoMethod, QuantFormat, VitisQuantFormat
 from zonnx.quantization.recovery.bias_correction import correct_biases
@@ -177,6 +180,30 @@ def test_every_calibration_sample_is_used_and_the_fit_carries_to_held_out_images
     assert after > before + 1.0, (before, after)
 
 
+def _tiny_bias_cnn() -> onnx.ModelProto:
+    """``small_cnn`` with biases 1000x smaller than their corrections (their 8-bit grid must widen)."""
+    model = small_cnn()
+    for t in model.graph.initializer:
+        if t.name in ("b1", "b2"):
+            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1e-3, t.name))
+    return model
+
+
+def _dpu_with_and_without(
+    model: onnx.ModelProto | Path, feeds: list, fmt: QuantFormat | None
+) -> tuple[QuantizeResult, QuantizeResult]:
+    """The dpu-b4096 recipe in format ``fmt`` without and with bias correction."""
+    kwargs = target_quantize_kwargs("dpu-b4096", fmt)
+    extra = kwargs.pop("extra_options")
+    plain, fixed = (
+        zonnx.quantize_static(
+            model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": on}, **kwargs
+        )
+        for on in (False, True)
+    )
+    return plain, fixed
+
+
 @pytest.mark.parametrize("fmt", [None, QuantFormat.QDQ], ids=["fixneuron", "qdq"])
 def test_a_dpu_bias_the_correction_outgrows_widens_in_both_formats(fmt: QuantFormat | None) -> None:
     """Biases 1000x smaller than their corrections: their 8-bit grid must widen, FixNeuron or QDQ codes.
@@ -184,19 +211,8 @@ def test_a_dpu_bias_the_correction_outgrows_widens_in_both_formats(fmt: QuantFor
     Before the QDQ form widened its stored codes, all 12 corrected values saturated there and the mean
     error stayed (0.256 -> 0.251); PP-OCRv4 rec on dpu-b4096 as QDQ fell to 0.45 char accuracy.
     """
-    model = small_cnn()
-    for t in model.graph.initializer:
-        if t.name in ("b1", "b2"):
-            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1e-3, t.name))
     feeds = _feeds(6)
-    kwargs = target_quantize_kwargs("dpu-b4096", fmt)
-    extra = kwargs.pop("extra_options")
-    plain = zonnx.quantize_static(
-        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **kwargs
-    )
-    fixed = zonnx.quantize_static(
-        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": True}, **kwargs
-    )
+    plain, fixed = _dpu_with_and_without(_tiny_bias_cnn(), feeds, fmt)
     record = fixed.recovery["bias_correction"]
     assert record.moved_positions == 2 and record.clipped == 0, record.summary()
     before, after = (
@@ -212,15 +228,8 @@ def test_an_undone_correction_leaves_the_dpu_graph_as_calibrated(fmt: QuantForma
     """The trained yolo_det on dpu-b4096, 4 of its sample images: the correction lowers the output SQNR on
     them (measured 31.99 -> 31.97 dB, FixNeuron), so it is undone and the graph is byte-for-byte the one
     quantized without it: biases, quantizer positions and initializers as calibrated, FixNeuron or QDQ."""
-    model, feeds = zoo.get("yolo_det"), zoo.sample_inputs("yolo_det", 4, seed=1)
-    kwargs = target_quantize_kwargs("dpu-b4096", fmt)
-    extra = kwargs.pop("extra_options")
-    fixed = zonnx.quantize_static(
-        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": True}, **kwargs
-    )
-    plain = zonnx.quantize_static(
-        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **kwargs
-    )
+    feeds = zoo.sample_inputs("yolo_det", 4, seed=1)
+    plain, fixed = _dpu_with_and_without(zoo.get("yolo_det"), feeds, fmt)
     record = fixed.recovery["bias_correction"]
     assert record.undone and record.layers == 8 and record.sqnr_after < record.sqnr_before, record.summary()
     assert fixed.model.graph.SerializeToString() == plain.model.graph.SerializeToString()
@@ -230,15 +239,11 @@ def test_an_undone_correction_leaves_the_dpu_graph_as_calibrated(fmt: QuantForma
 def test_the_snapshot_restores_widened_dpu_positions(fmt: QuantFormat | None) -> None:
     """A correction that widened two bias positions (the 1000x-smaller biases above), then restored from
     the snapshot taken before it: the graph serializes byte-for-byte as calibrated, positions included."""
-    model = small_cnn()
-    for t in model.graph.initializer:
-        if t.name in ("b1", "b2"):
-            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1e-3, t.name))
     feeds = _feeds(6)
     kwargs = target_quantize_kwargs("dpu-b4096", fmt)
     extra = kwargs.pop("extra_options")
     plain = zonnx.quantize_static(
-        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **kwargs
+        _tiny_bias_cnn(), None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **kwargs
     )
     calibrated = plain.model.graph.SerializeToString()
     work = to_ir(plain.model)
