@@ -362,12 +362,15 @@ def quantize_static(
         records["fast_finetune"] = _fast_finetune(float_model, model, plan, reader, fast_ft)
     if cfg.extra.bias_correction:
         feeds = reader.fill()[: recovery.KEPT_SAMPLES]
-        judge = None  # a retarget is judged against its source, and skipped when it reproduces it
-        if imported is not None and grid_rows is not None:
+        # a retarget is judged against its source, and skipped when it reproduces it; --requantize
+        # quantizes the dequantized float model from scratch, which is then the reference as usual
+        retarget = imported is not None and grid_rows is not None and not cfg.extra.prequant_requantize
+        judge = None
+        if retarget:
             judge = prequant.bias_correction_judge(
                 model_input, model, grid_rows, feeds, calibration_providers
             )
-        if imported is None or judge is not None:
+        if not retarget or judge is not None:
             records.update(
                 recovery.recover_quantized(
                     model, float_model, feeds, cfg, target, calibration_providers, judge

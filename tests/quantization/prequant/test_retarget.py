@@ -185,3 +185,5 @@ def test_requantize_calibrates_from_scratch(ort_models: dict[str, Path], tmp_pat
         and "activation snapped" not in counts
     )
     assert min(r["cosine"] for r in res.prequant.outputs.values()) > 0.99
+    # from scratch, the recipe's bias correction is measured against the float model, as for any model
+    assert res.recovery["bias_correction"].reference == "float model"
