@@ -382,7 +382,8 @@ def correct_biases(
     reference = ChannelProbe(
         float_model, {x.float_tensor: x.rank for x in layers}, providers=providers, what="float model"
     )
-    f_means, f_outs = reference.run(feeds)
+    # with a judge its outputs are the reference; the float model's are not fetched (up to 256 feeds)
+    f_means, f_outs = reference.run(feeds, with_outputs=judge is None)
     del reference
     if judge is not None:
         f_outs = [list(outs) for outs in judge[1]]
