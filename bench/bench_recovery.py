@@ -86,7 +86,7 @@ def _prepared(model: str, cle: bool | str) -> onnx.ModelProto:
     if cle == "relu":
         replace_clip6_relu(work)
     if cle:
-        equalize(work, steps=CLE_STEPS)
+        equalize(work, steps=CLE_STEPS, power_of_two=True)  # dpu-b4096's weight grids
     return to_proto(work)
 
 

@@ -31,9 +31,9 @@ from zonnx.zoo.digits import digits_data
 RNG = np.random.default_rng(3)
 
 
-def small_cnn() -> onnx.ModelProto:
+def small_cnn(rng: np.random.Generator = RNG) -> onnx.ModelProto:
     """Conv -> Relu -> Conv with coarse int8 weights (few levels per channel: a visible mean error)."""
-    w1 = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    w1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
     w1[:, :, 0, 0] *= 8.0  # one large tap per filter: the other taps round coarsely
     model = parse(
         """<ir_version: 8, opset_import: ["" : 13]>
@@ -43,17 +43,17 @@ def small_cnn() -> onnx.ModelProto:
           y = Conv <pads=[1,1,1,1]> (r, w2, b2)
         }""",
         ("w1", w1),
-        ("b1", (RNG.standard_normal(8) * 0.1).astype(np.float32)),
-        ("w2", RNG.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.2),
-        ("b2", (RNG.standard_normal(4) * 0.1).astype(np.float32)),
+        ("b1", (rng.standard_normal(8) * 0.1).astype(np.float32)),
+        ("w2", rng.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.2),
+        ("b2", (rng.standard_normal(4) * 0.1).astype(np.float32)),
     )
     for i, node in enumerate(model.graph.node):  # the names quantize_static gives unnamed nodes
         node.name = f"{node.op_type}_{i}"
     return model
 
 
-def _feeds(n: int) -> list[dict[str, np.ndarray]]:
-    return [{"x": (RNG.standard_normal((1, 3, 16, 16)) + 0.5).astype(np.float32)} for _ in range(n)]
+def _feeds(n: int, rng: np.random.Generator = RNG) -> list[dict[str, np.ndarray]]:
+    return [{"x": (rng.standard_normal((1, 3, 16, 16)) + 0.5).astype(np.float32)} for _ in range(n)]
 
 
 def _mean_error(float_model: onnx.ModelProto, quant: onnx.ModelProto, feeds: list) -> float:
@@ -180,9 +180,12 @@ def test_every_calibration_sample_is_used_and_the_fit_carries_to_held_out_images
     assert after > before + 1.0, (before, after)
 
 
-def _tiny_bias_cnn() -> onnx.ModelProto:
+TINY_BIAS_SEED = 3
+
+
+def _tiny_bias_cnn(rng: np.random.Generator) -> onnx.ModelProto:
     """``small_cnn`` with biases 1000x smaller than their corrections (their 8-bit grid must widen)."""
-    model = small_cnn()
+    model = small_cnn(rng)
     for t in model.graph.initializer:
         if t.name in ("b1", "b2"):
             t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1e-3, t.name))
@@ -211,8 +214,11 @@ def test_a_dpu_bias_the_correction_outgrows_widens_in_both_formats(fmt: QuantFor
     Before the QDQ form widened its stored codes, all 12 corrected values saturated there and the mean
     error stayed (0.256 -> 0.251); PP-OCRv4 rec on dpu-b4096 as QDQ fell to 0.45 char accuracy.
     """
-    feeds = _feeds(6)
-    plain, fixed = _dpu_with_and_without(_tiny_bias_cnn(), feeds, fmt)
+    # their own draw, whatever ran before: on some draws of 6 feeds the correction is undone (it lowered
+    # the output SQNR on them, e.g. 23.43 -> 23.42 dB), which this test is not about
+    rng = np.random.default_rng(TINY_BIAS_SEED)
+    model, feeds = _tiny_bias_cnn(rng), _feeds(6, rng)
+    plain, fixed = _dpu_with_and_without(model, feeds, fmt)
     record = fixed.recovery["bias_correction"]
     assert record.moved_positions == 2 and record.clipped == 0, record.summary()
     before, after = (
@@ -239,11 +245,12 @@ def test_an_undone_correction_leaves_the_dpu_graph_as_calibrated(fmt: QuantForma
 def test_the_snapshot_restores_widened_dpu_positions(fmt: QuantFormat | None) -> None:
     """A correction that widened two bias positions (the 1000x-smaller biases above), then restored from
     the snapshot taken before it: the graph serializes byte-for-byte as calibrated, positions included."""
-    feeds = _feeds(6)
+    rng = np.random.default_rng(TINY_BIAS_SEED)
+    model, feeds = _tiny_bias_cnn(rng), _feeds(6, rng)
     kwargs = target_quantize_kwargs("dpu-b4096", fmt)
     extra = kwargs.pop("extra_options")
     plain = zonnx.quantize_static(
-        _tiny_bias_cnn(), None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **kwargs
+        model, None, ListReader(feeds), extra_options={**extra, "BiasCorrection": False}, **kwargs
     )
     calibrated = plain.model.graph.SerializeToString()
     work = to_ir(plain.model)

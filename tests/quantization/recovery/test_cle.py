@@ -153,6 +153,52 @@ def test_matmul_prelu_gemm_leaky_gemm_outputs_unchanged() -> None:
     assert not np.array_equal(_w(model, "c2"), _w(after, "c2"))  # Gemm C scaled with its channels
 
 
+def _pow2_step(w: np.ndarray) -> float:
+    return 2.0 ** np.ceil(np.log2(np.abs(w).max() / 127.0))
+
+
+def test_power_of_two_pair_is_equalized_to_finer_steps_and_stays_exact() -> None:
+    model = conv_pair()
+    after, record = _equalized(model, power_of_two=True)
+    assert record.pairs == 1 and record.kept_pow2 == 0
+    _assert_same_outputs(model, after)
+    w1, w2 = _w(after, "w1"), _w(after, "w2")
+    product = _pow2_step(w1) * _pow2_step(w2)
+    assert product <= _pow2_step(_w(model, "w1")) * _pow2_step(_w(model, "w2")) / 2
+    # the smallest product any scaling reaches: that of the largest per-channel range product
+    r1 = np.abs(_w(model, "w1")).reshape(8, -1).max(axis=1)
+    r2 = np.abs(_w(model, "w2")).max(axis=(0, 2, 3))
+    assert product == 2.0 ** np.ceil(np.log2((r1 * r2).max() / 127.0**2))
+    # both layers' largest values sit in the top half of their power-of-two grids
+    assert np.abs(w1).max() > 63.5 * _pow2_step(w1) and np.abs(w2).max() > 63.5 * _pow2_step(w2)
+    # the split keeps the activations' magnitude: the scales' geometric mean is within a factor 2 of 1
+    s = np.abs(_w(model, "w1")).reshape(8, -1).max(axis=1) / np.abs(w1).reshape(8, -1).max(axis=1)
+    assert 0.5 < np.exp(np.log(s).mean()) < 2.0
+
+
+def _balanced_pair() -> onnx.ModelProto:
+    """A Conv-Relu-Conv pair whose channel ranges are all 0.9 in both layers."""
+    model = conv_pair()
+    for init in model.graph.initializer:
+        if init.name in ("w1", "w2"):
+            w = RNG.uniform(-0.5, 0.5, tuple(init.dims)).astype(np.float32)
+            w.reshape(w.shape[0], -1)[:, 0] = 0.9  # every channel's range is 0.9 in both layers
+            if init.name == "w2":
+                w[:, :, 0, 0] = 0.9
+            init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
+    return model
+
+
+def test_power_of_two_pair_that_cannot_get_finer_steps_is_left_as_it_is() -> None:
+    """Balanced channels: any scaling keeps (or coarsens) the two power-of-two steps, so nothing moves."""
+    model = _balanced_pair()
+    after, record = _equalized(model, power_of_two=True, steps=3)
+    assert record.pairs == 1 and record.kept_pow2 == 1 and "1 of them left as they were" in record.summary()
+    assert after.SerializeToString() == to_proto(to_ir(model)).SerializeToString()
+    _, plain = _equalized(model, steps=3)
+    assert plain.kept_pow2 == 0  # without power-of-two grids the same pair is equalized
+
+
 def test_clip6_and_no_pair_leave_model_unchanged_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     model = conv_pair("r = Clip(a, lo, hi)")
     pairs, refused = find_pairs(to_ir(model))
@@ -208,6 +254,17 @@ def test_quantize_static_options() -> None:
     )
     record = result.recovery["cle"]
     assert record.pairs == 1 and record.steps == 3
+    # power-of-two weight grids (FixNeuron) switch the rule on; float scales keep plain equalization
+    balanced, options = _balanced_pair(), {"IncludeCLE": True}
+    pow2 = dict(quant_format=VitisQuantFormat.FixNeuron, calibrate_method=PowerOfTwoMethod.MinMSE)
+    feeds = _feeds(balanced, 2)
+    pot = zonnx.quantize_static(balanced, None, ListReader(feeds), extra_options=options, **pow2).recovery[
+        "cle"
+    ]
+    floats = zonnx.quantize_static(
+        balanced, None, ListReader(feeds), extra_options=options, per_channel=False
+    )
+    assert (pot.kept_pow2, floats.recovery["cle"].kept_pow2) == (1, 0)
     with pytest.raises(OptionError, match="IncludeCLE=True"):
         zonnx.quantize_static(model, None, reader, extra_options={"CLESteps": 2})
     with pytest.raises(OptionError, match="CLESteps"):
@@ -222,8 +279,8 @@ def test_mobilenetv2_pof2_gains_from_cle() -> None:
     prepared = to_ir(zonnx.optimize(zoo.get("mobilenetv2-random")))
     assert replace_clip6_relu(prepared) > 30  # ReLU6 blocks equalization; the baseline gets the same model
     relu = to_proto(prepared)
-    record = equalize(prepared, steps=4)
-    assert record.pairs > 30
+    record = equalize(prepared, steps=4, power_of_two=True)
+    assert record.pairs > 30 and record.kept_pow2 < record.pairs
     equalized = to_proto(prepared)
     kwargs = dict(quant_format=VitisQuantFormat.FixNeuron, calibrate_method=PowerOfTwoMethod.MinMSE)
     plain = zonnx.quantize_static(relu, None, ListReader(calib), **kwargs).model

@@ -96,7 +96,12 @@ def recover_float(model: ir.Model, cfg: QuantConfig) -> dict[str, Any]:
     if cfg.extra.replace_clip6_relu:
         records["replace_clip6_relu"] = replace_clip6_relu(model)
     if cfg.extra.include_cle:
-        record = equalize(model, steps=cfg.extra.cle_steps, append_bias=cfg.extra.cle_scale_append_bias)
+        record = equalize(
+            model,
+            steps=cfg.extra.cle_steps,
+            append_bias=cfg.extra.cle_scale_append_bias,
+            power_of_two=cfg.power_of_two,
+        )
         logger.info("%s", record.summary())
         records["cle"] = record
     return records
