@@ -9,6 +9,10 @@ so nodes are proposed in *groups* ("QDQ groups"), never one by one:
   only input when that op's row lists it in ``activations`` (``Clip(0, 6)`` is ``Relu6``, ``Clip(0, inf)``
   is ``Relu``; a LeakyRelu slope must be one of ``quant.leaky_relu``'s ``k/denominator``) and the op's
   output has no other reader;
+- a *requantized activation* (HardSwish, HardSigmoid) joins the group of the op whose quantized output
+  is its only input, when that op's row lists it in ``activations`` and the quantizer (or Q -> DQ pair)
+  between them has no other reader: the NPU applies it to the op's integer result, a lookup on codes
+  (the DPU's hard-swish-fix after conv2d-fix, fused by its compiler); the codes never leave the NPU;
 - an *output quantizer* (QuantizeLinear, VitisQuantizeLinear, or a FixNeuron reading a computed tensor)
   joins the group of the node producing its input; one with no op before it (a graph input, another
   dequantizer) is a CPU *boundary quantize*;
@@ -53,6 +57,8 @@ logger = logging.getLogger(__name__)
 _DEFAULT = ("", "ai.onnx")
 #: Ops that can be fused after a compute op when its row lists them (ONNX has no Relu6: Clip(0, 6)).
 ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh"})
+#: Fused activations applied to the op's requantized output (its quantizer stays in the group).
+ON_CODES = frozenset({"HardSwish", "HardSigmoid"})
 #: Inputs that are parameters (shapes, axes, pads, scales of Resize, ...), not quantized data.
 _PARAM_INPUTS: dict[str, frozenset[int]] = {
     op: frozenset(idx)
@@ -173,6 +179,34 @@ class _Proposer:
             not isinstance(row, str) and row is not None and self._activation_name(node, row[1]) is not None
         )
 
+    def _requantized_anchor(self, node: ir.Node) -> ir.Node | None:
+        """The op whose quantized output ``node`` (an ``ON_CODES`` activation) reads as its only reader,
+        through a FixNeuron or a Q -> DQ pair, when the op's row fuses it; else None."""
+        if node.op_type not in ON_CODES or node.domain not in _DEFAULT or not node.inputs:
+            return None
+        value = node.inputs[0]
+        quant = value.producer() if value is not None else None
+        if quant is not None and self.kinds[quant] == "dequantize":  # Q -> DQ -> activation
+            if len(value.consumers()) != 1 or value.is_graph_output() or not quant.inputs:
+                return None
+            value = quant.inputs[0]
+            quant = value.producer() if value is not None else None
+        if (
+            quant is None
+            or self.role.get(quant) != "quantize"
+            or len(value.consumers()) != 1
+            or value.is_graph_output()
+        ):
+            return None
+        anchor = self.anchor.get(quant)
+        src = quant.inputs[0]
+        if anchor is None or src is None or src.producer() is not anchor or len(src.consumers()) != 1:
+            return None
+        row = self.row.get(anchor)
+        if isinstance(row, str) or row is None or self._activation_name(node, row[1]) is None:
+            return None
+        return anchor
+
     def _activation_name(self, node: ir.Node, limits) -> str | None:
         """The name under which ``limits.activations`` lists this activation, or None."""
         names = {node.op_type}
@@ -207,6 +241,8 @@ class _Proposer:
                 )
             elif self._fusable(node):
                 self.role[node], self.anchor[node] = "activation", src
+            elif (op := self._requantized_anchor(node)) is not None:
+                self.role[node], self.anchor[node] = "activation", op
             else:
                 self.role[node], self.anchor[node] = "op", node
                 self.row[node] = select_kind(node, self.target, self.shapes)
@@ -297,6 +333,20 @@ class _Proposer:
                 )
         return None
 
+    def _check_inner_quantizers(self, members: Sequence[ir.Node], last: ir.Node) -> tuple[str, str] | None:
+        """The quantizer between an op and its requantized activation obeys the target's rules too."""
+        for node in members:
+            src = node.inputs[0] if self.role[node] == "quantize" and node.inputs else None
+            if src is None or src.producer() is last:
+                continue
+            info = QInfo.of(node)
+            if isinstance(info, str):
+                return "scale", f"{node.op_type} {self.keys[node]!r}: {info}"
+            bad = quant_rule(self.target, info, "activation", src.name or "?")
+            if bad:
+                return bad[0], f"{node.op_type} {self.keys[node]!r}: {bad[1]}"
+        return None
+
     def _check_static(self, members: Sequence[ir.Node]) -> tuple[str, str] | None:
         for node in members:
             if self.role[node] == "quantize":
@@ -322,6 +372,7 @@ class _Proposer:
         last = ops[-1]
         for bad in (
             self._check_inputs(anchor, ops),
+            self._check_inner_quantizers(members, last),
             self._check_outputs(anchor, last, row),
             self._check_static(ops),
             check_limits(anchor, row[0], row[1], self.target, self.shapes),

@@ -8,7 +8,8 @@ its whole subgraph back to the CPU. ``lowering_rule`` refuses such groups up fro
   LayerNormalization, ConvTranspose, Reduce*, ... stay on the CPU);
 - an op module's own check fails (``ops.registry.lowering_check``; Resize other than nearest: the
   compiler moves codes, linear interpolation is not lowered);
-- an activation fused into the op other than Relu/Clip (the compiler fuses clamps only);
+- an activation fused into the op other than Relu/Clip (the compiler fuses clamps only), unless it reads
+  the op's requantized output (a lookup on codes after the op, ``capability.ON_CODES``);
 - a parameter the compiler reads as a constant is computed at run time: Conv/Gemm weights, the
   divisor of Div, the indices of Gather, Slice starts/ends/axes/steps, Pad pads (each op module's
   ``const_inputs``, ``ops.registry.constant_input_indices``).
@@ -88,8 +89,14 @@ def lowering_rule(anchor: ir.Node, members: Sequence[ir.Node]) -> tuple[str, str
             value = anchor.inputs[index]
             return RULE, f"{label}: input {index} ({value.name!r}) must be a constant for the NPU compiler"
     for node in members:
-        if node is not anchor and node.op_type not in _FUSED_OK and not is_refine_node(node):
-            return RULE, (
-                f"{label}: the compiler fuses only Relu/Clip into an op, not {node.op_type} {node.name!r}"
-            )
+        if node is anchor or node.op_type in _FUSED_OK or is_refine_node(node):
+            continue
+        value = node.inputs[0] if node.inputs else None
+        prod = value.producer() if value is not None else None
+        if prod is not None and prod.op_type in _QUANTIZERS and node.op_type in lowerable_op_types():
+            continue  # applied to the op's codes: lowered on its own (a lookup table)
+        return (
+            RULE,
+            f"{label}: the compiler fuses only Relu/Clip into an op, not {node.op_type} {node.name!r}",
+        )
     return None
