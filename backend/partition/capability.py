@@ -165,16 +165,15 @@ class _Proposer:
             return False
         value = node.inputs[0]
         prod = value.producer() if value is not None else None
-        if (
-            prod is None
-            or self.role.get(prod) != "op"
-            or len(value.consumers()) != 1
-            or value.is_graph_output()
-        ):
+        if prod is None or self.role.get(prod) != "op" or not _sole_reader(value):
             return False
-        row = self.row.get(prod)
         if refine:
-            return not isinstance(row, str)
+            return not isinstance(self.row.get(prod), str)
+        return self._row_fuses(prod, node)
+
+    def _row_fuses(self, op: ir.Node, node: ir.Node) -> bool:
+        """``op`` has a row of the target's table and the row lists activation ``node``."""
+        row = self.row.get(op)
         return (
             not isinstance(row, str) and row is not None and self._activation_name(node, row[1]) is not None
         )
@@ -187,25 +186,17 @@ class _Proposer:
         value = node.inputs[0]
         quant = value.producer() if value is not None else None
         if quant is not None and self.kinds[quant] == "dequantize":  # Q -> DQ -> activation
-            if len(value.consumers()) != 1 or value.is_graph_output() or not quant.inputs:
+            if not _sole_reader(value) or not quant.inputs:
                 return None
             value = quant.inputs[0]
             quant = value.producer() if value is not None else None
-        if (
-            quant is None
-            or self.role.get(quant) != "quantize"
-            or len(value.consumers()) != 1
-            or value.is_graph_output()
-        ):
+        if quant is None or self.role.get(quant) != "quantize" or not _sole_reader(value):
             return None
         anchor = self.anchor.get(quant)
         src = quant.inputs[0]
         if anchor is None or src is None or src.producer() is not anchor or len(src.consumers()) != 1:
             return None
-        row = self.row.get(anchor)
-        if isinstance(row, str) or row is None or self._activation_name(node, row[1]) is None:
-            return None
-        return anchor
+        return anchor if self._row_fuses(anchor, node) else None
 
     def _activation_name(self, node: ir.Node, limits) -> str | None:
         """The name under which ``limits.activations`` lists this activation, or None."""
@@ -314,12 +305,9 @@ class _Proposer:
                 )
             for reader in value.consumers():
                 if self.kinds[reader] in ("quantize", "fixneuron"):
-                    info = QInfo.of(reader)
-                    if isinstance(info, str):
-                        return "scale", f"{label}: {info}"
-                    bad = quant_rule(self.target, info, "activation", value.name or "?")
+                    bad = self._activation_grid_problem(reader, value, label)
                     if bad:
-                        return bad[0], f"{label}: {bad[1]}"
+                        return bad
                     continue
                 if reader.op_type in ACTIVATIONS and last is anchor and not isinstance(row, str):
                     fused = ", ".join(row[1].activations) or "none"
@@ -333,18 +321,23 @@ class _Proposer:
                 )
         return None
 
+    def _activation_grid_problem(self, quant: ir.Node, value: ir.Value, label: str) -> tuple[str, str] | None:
+        """(rule, reason) when quantizer ``quant`` of activation ``value`` breaks the target's rules."""
+        info = QInfo.of(quant)
+        if isinstance(info, str):
+            return "scale", f"{label}: {info}"
+        bad = quant_rule(self.target, info, "activation", value.name or "?")
+        return (bad[0], f"{label}: {bad[1]}") if bad else None
+
     def _check_inner_quantizers(self, members: Sequence[ir.Node], last: ir.Node) -> tuple[str, str] | None:
         """The quantizer between an op and its requantized activation obeys the target's rules too."""
         for node in members:
             src = node.inputs[0] if self.role[node] == "quantize" and node.inputs else None
             if src is None or src.producer() is last:
                 continue
-            info = QInfo.of(node)
-            if isinstance(info, str):
-                return "scale", f"{node.op_type} {self.keys[node]!r}: {info}"
-            bad = quant_rule(self.target, info, "activation", src.name or "?")
+            bad = self._activation_grid_problem(node, src, f"{node.op_type} {self.keys[node]!r}")
             if bad:
-                return bad[0], f"{node.op_type} {self.keys[node]!r}: {bad[1]}"
+                return bad
         return None
 
     def _check_static(self, members: Sequence[ir.Node]) -> tuple[str, str] | None:
@@ -382,6 +375,11 @@ class _Proposer:
                 return bad[0], bad[1], row[0]
         fused = f" + {last.op_type}" if last is not anchor else ""
         return None, f"{self.target.name} {row[0]}{fused}", row[0]
+
+
+def _sole_reader(value: ir.Value) -> bool:
+    """``value`` is read by exactly one node and is not a graph output."""
+    return len(value.consumers()) == 1 and not value.is_graph_output()
 
 
 def _scalar(node: ir.Node, index: int, attr: str) -> float | None:
