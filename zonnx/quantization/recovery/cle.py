@@ -322,24 +322,21 @@ def _pow2_step(r: float) -> float:
 def _pow2_steps(r1: np.ndarray, r2: np.ndarray, ok: np.ndarray) -> tuple[float, float] | None:
     """The two grid steps equalization should aim at, or None when it cannot lower their product.
 
-    The product aimed at is the smallest any scale reaches; of its splits, the one whose scales have a
-    geometric mean closest to 1. Channels left unscaled (a zero range) must fit both grids as they are.
+    The product aimed at, ``2^p``, is the smallest any scale reaches; of its splits ``2^k * 2^(p-k)``, the
+    one whose scales have a geometric mean closest to 1 (ties: the finer first step). Channels left
+    unscaled (a zero range) must fit both grids as they are, which bounds k from both sides.
     """
-    before = _pow2_step(float(r1.max())) * _pow2_step(float(r2.max()))
-    best = 2.0 ** math.ceil(math.log2(float((r1[ok] * r2[ok]).max()) / 127.0**2))
-    if best >= before:
+    log_p = math.ceil(math.log2(float((r1[ok] * r2[ok]).max()) / 127.0**2))
+    if 2.0**log_p >= _pow2_step(float(r1.max())) * _pow2_step(float(r2.max())):
         return None
-    log_p = round(math.log2(best))
-    centre = float(np.mean(np.log2(r1[ok] / r2[ok])))  # log2 of the geometric mean of s_i^2 at split 1:1
-    candidates = []
-    for k1 in range(log_p - 64, log_p + 65):
-        step1, step2 = 2.0**k1, 2.0 ** (log_p - k1)
-        if (r1[~ok] <= 127 * step1).all() and (r2[~ok] <= 127 * step2).all():
-            candidates.append((abs(centre + (log_p - 2 * k1)), step1, step2))
-    if not candidates:
+    # log2 of the scales' geometric mean squared is centre + log_p - 2k: nearest zero at k = (centre + log_p) / 2
+    centre = float(np.mean(np.log2(r1[ok] / r2[ok])))
+    lo = math.ceil(math.log2(r1[~ok].max() / 127)) if (r1[~ok] > 0).any() else -math.inf
+    hi = log_p - math.ceil(math.log2(r2[~ok].max() / 127)) if (r2[~ok] > 0).any() else math.inf
+    k1 = min(max(math.ceil((centre + log_p) / 2 - 0.5), lo), hi)
+    if k1 < lo:
         return None
-    _, step1, step2 = min(candidates)
-    return step1, step2
+    return 2.0**k1, 2.0 ** (log_p - k1)
 
 
 def _equalize_pair(pair: Pair, append_bias: bool, power_of_two: bool) -> bool:
