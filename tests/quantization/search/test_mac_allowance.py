@@ -45,3 +45,22 @@ def test_the_allowance_counts_what_already_runs_on_the_cpu() -> None:
     assert within_mac_allowance(list(macs), macs, 0.9, npu_share_now=0.85) == [
         n for n in macs if macs[n] == 0
     ]  # already below the share: only MAC-free layers
+
+
+def test_raising_a_layer_already_on_the_cpu_costs_nothing() -> None:
+    """The same head, raised to float, moves no MACs off the NPU: it fits beside layers that hold the
+    whole 5.4% allowance, where counting its MACs would leave it out."""
+    model = onnx.load(zoo.get("ppocr_rec"))
+    macs = node_macs_by_name(model, {"x": (1, 3, 48, 320)})
+    total = sum(m for m in macs.values() if m)
+    head = max(macs, key=lambda n: macs[n] or 0 if n.startswith("p2o.MatMul") else 0)
+    assert 0.04 * total < macs[head] < 0.05 * total
+    convs = sorted((n for n in macs if n.startswith("p2o.Conv") and macs[n]), key=lambda n: macs[n])
+    small = []
+    for name in convs:  # the smallest convolutions, up to 5% of MACs
+        if sum(macs[n] for n in small) + macs[name] > 0.05 * total:
+            break
+        small.append(name)
+    order = [*small, head]
+    assert within_mac_allowance(order, macs, 0.9, npu_share_now=0.954) == small
+    assert within_mac_allowance(order, macs, 0.9, npu_share_now=0.954, off_npu={head}) == order

@@ -176,7 +176,7 @@ def search_budget(
         if precision == "float" and min_npu_share > 0 and scorer.base.extra.target:
             macs = node_macs_by_name(prepared, scorer.input_shapes)
             now = baseline.npu_mac_share if baseline.npu_mac_share is not None else 1.0
-            ranked = within_mac_allowance(ranked, macs, min_npu_share, now)
+            ranked = within_mac_allowance(ranked, macs, min_npu_share, now, baseline.off_npu or ())
         order = ranked[
             : min(max_layers, len(ranked) - 1)
         ]  # raising every layer would leave nothing quantized

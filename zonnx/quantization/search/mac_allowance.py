@@ -7,8 +7,9 @@ head on dpu-b4096, 4.6% of its MACs, are on the CPU before anything is raised). 
 order (most sensitive first) and keep a layer when the MACs already kept plus its own stay within that
 allowance; a layer over it is skipped and the walk goes on, so cheap layers further down (elementwise
 ops, Softmax, LayerNorm pieces: no MACs) still get their turn. A layer whose MACs cannot be counted (shapes unknown)
-is skipped. Without this, the search's "every layer raised" probe can hold most of the MACs, miss the
-share and end the search with nothing.
+is skipped. A layer the all-int8 model already runs on the CPU (``off_npu``: that head) costs nothing:
+raising it moves no MACs off the NPU. Without this, the search's "every layer raised" probe can hold most
+of the MACs, miss the share and end the search with nothing.
 
 The partitioner's share can still differ a little (a float layer can strand a small NPU subgraph below
 the minimum size); the search checks each choice's real share afterwards.
@@ -19,21 +20,25 @@ from __future__ import annotations
 __all__ = ["within_mac_allowance"]
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
 
 def within_mac_allowance(
-    order: Sequence[str], macs: Mapping[str, int | None], min_npu_share: float, npu_share_now: float = 1.0
+    order: Sequence[str],
+    macs: Mapping[str, int | None],
+    min_npu_share: float,
+    npu_share_now: float = 1.0,
+    off_npu: Collection[str] = (),
 ) -> list[str]:
     """The layers of ``order`` the walk of the module docstring keeps, in order; ``npu_share_now``: the
-    share of MACs the all-int8 model keeps on the NPU (n)."""
+    share of MACs the all-int8 model keeps on the NPU (n); ``off_npu``: the nodes it runs on the CPU."""
     total = sum(m for m in macs.values() if m)
     allowance = max(0.0, npu_share_now - min_npu_share) * total
     kept, used, skipped = [], 0, []
     for name in order:
-        cost = macs.get(name, 0)
+        cost = 0 if name in off_npu else macs.get(name, 0)
         if cost is None or used + cost > allowance:
             skipped.append(name)
             continue

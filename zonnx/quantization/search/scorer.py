@@ -17,7 +17,7 @@ keeps most of its layers off the NPU, so the share would not be the one the comp
 
 from __future__ import annotations
 
-__all__ = ["Candidate", "CandidateScorer", "PRECISIONS"]
+__all__ = ["Candidate", "CandidateScorer", "PRECISIONS", "npu_mac_share", "npu_partition"]
 
 import dataclasses
 import logging
@@ -46,13 +46,20 @@ class Candidate:
     npu_mac_share: float | None = None
     seconds: float = 0.0
     full: bool = False  # scored on every evaluation sample (not only the search samples)
+    #: SQNR (dB) of the candidate's outputs against float's on the samples it was scored on
+    output_sqnr: float | None = None
+    #: for a target: the nodes the partitioner leaves on the CPU (not written to the table)
+    off_npu: frozenset[str] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def raised(self) -> int:
         return len(self.overrides)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The candidate as JSON-ready data (without ``off_npu``)."""
+        out = dataclasses.asdict(self)
+        out.pop("off_npu")
+        return out
 
 
 def node_overrides(overrides: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -77,6 +84,12 @@ def runs_on_samples(config: QuantConfig) -> bool:
 def npu_mac_share(model: Any, target: str, input_shapes: Mapping[str, Sequence[int]] | None = None) -> float:
     """Share of MACs the backend's partitioner would put on ``target`` (capability + partition only),
     with the inputs' dims fixed to ``input_shapes`` when given."""
+    return npu_partition(model, target, input_shapes).mac_share
+
+
+def npu_partition(model: Any, target: str, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Any:
+    """The backend's partition of ``model`` for ``target`` (capability + partition, no compilation), with
+    the inputs' dims fixed to ``input_shapes`` when given."""
     import onnx_ir as ir
 
     from zonnx.backend.compile_api import fix_input_shapes
@@ -88,7 +101,7 @@ def npu_mac_share(model: Any, target: str, input_shapes: Mapping[str, Sequence[i
         model = fix_input_shapes(model, input_shapes)
     ir_model = ir.serde.deserialize_model(model)
     capability = propose(ir_model, load_target(target), input_shapes=input_shapes)
-    return partition(ir_model, capability).mac_share
+    return partition(ir_model, capability)
 
 
 class CandidateScorer:
@@ -130,7 +143,8 @@ class CandidateScorer:
         self.feeds = self.reference.feeds
         # with the metric's step on the samples that score candidates (None for a continuous metric)
         self.float_score, self.resolution = self.reference.self_score()
-        self.full_float_score = self.full.score_outputs(self.full.outputs)
+        # the step on every evaluation sample, where the configuration trials score
+        self.full_float_score, self.full_resolution = self.full.self_score()
 
     def quantize(self, overrides: Mapping[str, str]) -> Any:
         """The quantized ModelProto of a candidate (nothing written)."""
@@ -154,7 +168,15 @@ class CandidateScorer:
         search samples); the NPU share when the base config has a target."""
         start = time.perf_counter()
         model = self.quantize(overrides)
-        score = (self.full if full else self.reference).score(model)
+        score, sqnr = (self.full if full else self.reference).score_with_sqnr(model)
         target = self.base.extra.target
-        share = npu_mac_share(model, target, self.input_shapes) if target else None
-        return Candidate(dict(overrides), score, share, time.perf_counter() - start, full)
+        part = npu_partition(model, target, self.input_shapes) if target else None
+        return Candidate(
+            dict(overrides),
+            score,
+            part.mac_share if part is not None else None,
+            time.perf_counter() - start,
+            full,
+            sqnr,
+            frozenset(part.cpu_nodes) if part is not None else None,
+        )
