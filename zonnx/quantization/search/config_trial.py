@@ -148,7 +148,7 @@ def log_trial(what: str, trial: ConfigTrial, metric: str) -> None:
 
 
 def sqnr_words(trial: Any) -> str:
-    """ ", output SQNR a -> b dB" when both sides of a trial have one, else ""."""
+    """The note's words on the two output SQNRs (", output SQNR a -> b dB"), or "" unless both sides have one."""
     a, b = getattr(trial.plain, "output_sqnr", None), getattr(trial.changed, "output_sqnr", None)
     return "" if a is None or b is None else f", output SQNR {a:.2f} -> {b:.2f} dB"
 
