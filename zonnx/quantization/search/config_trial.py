@@ -87,8 +87,7 @@ def try_config(scorer: Any, changed: QuantConfig, plain: Candidate | None = None
     if plain is None:
         plain = scorer.score({}, full=scorer.subset)
     scorer.base = changed
-    resolution = scorer.full_resolution if scorer.subset else scorer.resolution
-    trial = ConfigTrial(plain, scorer.score({}, full=scorer.subset), resolution)
+    trial = ConfigTrial(plain, scorer.score({}, full=scorer.subset), scorer.full_resolution)
     if not trial.kept:
         scorer.base = base
     return trial
@@ -130,7 +129,7 @@ def try_recalibrated(
 def log_trial(what: str, trial: ConfigTrial, metric: str) -> None:
     """Log a trial's verdict and both scores."""
     verdict = "kept:" if trial.kept else "not kept (lower score):"
-    if getattr(trial, "tied", False):
+    if trial.tied:
         verdict = (
             "kept (within one step, higher output SQNR):"
             if trial.kept

@@ -144,7 +144,7 @@ class CandidateScorer:
         # with the metric's step on the samples that score candidates (None for a continuous metric)
         self.float_score, self.resolution = self.reference.self_score()
         # the step on every evaluation sample, where the configuration trials score
-        self.full_float_score, self.full_resolution = self.full.self_score()
+        self.full_resolution = self.full.self_score()[1] if self.subset else self.resolution
 
     def quantize(self, overrides: Mapping[str, str]) -> Any:
         """The quantized ModelProto of a candidate (nothing written)."""
