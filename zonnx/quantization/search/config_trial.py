@@ -160,7 +160,13 @@ def trial_note(
     if trial is None:
         return ""
     verb = kept if trial.kept else dropped
-    tie = "; within one step, so by output SQNR" if getattr(trial, "tied", False) else ""
+    tie = (
+        "; within one step, so by output SQNR"
+        if getattr(trial, "tied", False)
+        else "; a gain within one step does not keep it"
+        if getattr(trial, "within_step", False)
+        else ""
+    )
     return (
         f"; {what} {verb} ({trial.plain.score:.{digits}f} -> {trial.changed.score:.{digits}f}"
         f"{sqnr_words(trial)}{tie})"

@@ -36,7 +36,8 @@ the layers, and the config file says ``SmoothQuant = true``. ``"off"`` skips it 
 Fast finetune (``finetune_trial="try"``, the default): when the choice misses the budget and the
 configuration does not fine-tune already, the choice is quantized once more with AdaQuant (300 steps
 per layer; ``finetune_seconds`` bounds the tuning by the clock, at the cost of repeatability) and kept
-when it scores at least as well on every evaluation sample (``finetune_step.py``: why it comes last). ``"off"`` skips it.
+when it scores more than one step of the metric higher on every evaluation sample (``finetune_step.py``:
+why it comes last, and why a tie is not enough). ``"off"`` skips it.
 
 Each trial hands its kept configuration's scored candidate on (to the next trial, then to the search as
 its baseline), so no configuration is scored twice.
