@@ -97,6 +97,40 @@ def test_builtins_refuse_outputs_that_do_not_pair(digits) -> None:
         evaluate(digits["float"], digits["quant"], [{"x": np.zeros((1, 1, 8, 8), np.float32)}], "cosine")
 
 
+def test_cosine_and_sqnr_leave_integer_outputs_out(digits, tmp_path: Path) -> None:
+    """A model that also gives its ArgMax index: cosine and sqnr measure only the logits (an index one off
+    is not a small error), the search's trials get the same SQNR, and an index-only model is refused."""
+    import onnx
+    from onnx import helper
+
+    fx, qx = digits["fx"][0], digits["qx"][0]
+    index = np.argmax(fx, axis=1)[:, None]
+    moved = (index + 1) % 10  # every index off: would swamp the logits' closeness if it counted
+    for name in ("cosine", "sqnr"):
+        both, logits_only = load_metric(name), load_metric(name)
+        both.update([fx, index], [qx, moved], {})
+        logits_only.update([fx], [qx], {})
+        assert both.result() == pytest.approx(logits_only.result(), rel=1e-12)
+        with pytest.raises(
+            MetricError, match=f"metric {name}: the model has no floating-point output .*int64"
+        ):
+            load_metric(name).update([index], [moved], {})
+    # FloatReference.score_with_sqnr: the trials' SQNR is the sqnr metric's
+    model = onnx.load(digits["float"])
+    graph = model.graph
+    graph.node.append(helper.make_node("ArgMax", ["logits"], ["label"], axis=1, name="label_argmax"))
+    graph.output.append(helper.make_tensor_value_info("label", onnx.TensorProto.INT64, None))
+    path = tmp_path / "with_label.onnx"
+    onnx.save(model, path)
+    ref = FloatReference(str(path), digits["feeds"], "cosine", str(path))
+    _, sqnr = ref.score_with_sqnr(str(path))
+    assert sqnr == math.inf
+    del graph.output[0]  # the index alone
+    only = tmp_path / "label_only.onnx"
+    onnx.save(model, only)
+    assert FloatReference(str(only), digits["feeds"], "top1", str(only)).score_with_sqnr(str(only))[1] is None
+
+
 def test_unknown_builtin_suggests_the_name() -> None:
     with pytest.raises(MetricError, match="not a built-in metric. Did you mean 'cosine'?"):
         load_metric("cosin")

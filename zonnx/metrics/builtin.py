@@ -1,9 +1,15 @@
 """Built-in metrics on the outputs of a float model (x) and another model (q) over N samples.
 
-- ``cosine``: per sample, every output flattened and concatenated into one vector each;
+- ``cosine``: per sample, every floating-point output flattened and concatenated into one vector each;
   ``mean_s cos(x_s, q_s)`` with ``cos = x.q / (|x| |q|)`` (1 when both are zero, 0 when one is).
-- ``sqnr``: ``10 log10(sum_s |x_s|^2 / sum_s |x_s - q_s|^2)`` dB over all outputs of all samples
-  (+inf when the outputs are equal, -inf when the float outputs are all zero and the others are not).
+- ``sqnr``: ``10 log10(sum_s |x_s|^2 / sum_s |x_s - q_s|^2)`` dB over all floating-point outputs of all
+  samples (+inf when the outputs are equal, -inf when the float outputs are all zero and the others are
+  not).
+
+Both leave integer and boolean outputs out (an ArgMax index, a detection count, a mask): an index that
+moves by one is not a small error, so it would only distort a measure of closeness; bias correction's
+own output SQNR leaves them out the same way. A model with no floating-point output is refused by these
+two (score it with a metric plugin).
 - ``top1``: agreement of ``argmax`` over the last axis of the *first* output: the fraction of positions
   (batch rows, and every leading index) where ``argmax q == argmax x``. It measures agreement with
   the float model, not accuracy against labels (none are read).
@@ -27,11 +33,16 @@ logger = logging.getLogger(__name__)
 
 
 def paired(
-    name: str, float_outputs: list[np.ndarray], quant_outputs: list[np.ndarray], count: int
+    name: str,
+    float_outputs: list[np.ndarray],
+    quant_outputs: list[np.ndarray],
+    count: int,
+    real_only: bool = False,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Output pairs (float, other) as float64; MetricError when their number or shapes differ.
 
-    ``count`` is the sample's index, for the message.
+    ``count`` is the sample's index, for the message. ``real_only``: only the outputs the float model
+    gives as floating point, and MetricError when it gives none.
     """
     if len(float_outputs) != len(quant_outputs):
         raise MetricError(
@@ -46,12 +57,20 @@ def paired(
                 f"metric {name}: sample {count}: output {i} has shape {list(x.shape)} in the float model "
                 f"and {list(q.shape)} in the other; compare models with the same outputs."
             )
+        if real_only and x.dtype.kind != "f":
+            continue
         pairs.append((x.astype(np.float64), q.astype(np.float64)))
+    if real_only and not pairs:
+        kinds = ", ".join(sorted({str(np.asarray(x).dtype) for x in float_outputs})) or "none"
+        raise MetricError(
+            f"metric {name}: the model has no floating-point output (its outputs: {kinds}); {name} measures "
+            "how close real values are, so score integer outputs with a metric plugin (--metric FILE.py:Class)."
+        )
     return pairs
 
 
 class Cosine:
-    """Mean over samples of the cosine between all float outputs and all other outputs, flattened."""
+    """Mean over samples of the cosine between the floating-point outputs of both models, flattened."""
 
     higher_is_better = True
 
@@ -62,7 +81,7 @@ class Cosine:
     def update(
         self, float_outputs: list[np.ndarray], quant_outputs: list[np.ndarray], feed: dict[str, np.ndarray]
     ) -> None:
-        pairs = paired("cosine", float_outputs, quant_outputs, self.samples)
+        pairs = paired("cosine", float_outputs, quant_outputs, self.samples, real_only=True)
         x = np.concatenate([a.ravel() for a, _ in pairs]) if pairs else np.zeros(0)
         q = np.concatenate([b.ravel() for _, b in pairs]) if pairs else np.zeros(0)
         self.total += cosine(x, q)
@@ -75,7 +94,7 @@ class Cosine:
 
 
 class Sqnr:
-    """Signal-to-quantization-noise ratio in dB over all outputs of all samples."""
+    """Signal-to-quantization-noise ratio in dB over all floating-point outputs of all samples."""
 
     higher_is_better = True
 
@@ -87,7 +106,7 @@ class Sqnr:
     def update(
         self, float_outputs: list[np.ndarray], quant_outputs: list[np.ndarray], feed: dict[str, np.ndarray]
     ) -> None:
-        for x, q in paired("sqnr", float_outputs, quant_outputs, self.samples):
+        for x, q in paired("sqnr", float_outputs, quant_outputs, self.samples, real_only=True):
             self.signal += float(np.sum(x * x))
             self.noise += float(np.sum((x - q) ** 2))
         self.samples += 1

@@ -138,12 +138,16 @@ class FloatReference:
         """Run ``model`` on the samples (graph optimizations off, exact integer form) and score it."""
         return self.score_with_sqnr(model)[0]
 
-    def score_with_sqnr(self, model: ModelLike) -> tuple[float, float]:
-        """``score`` and, from the same run, the SQNR (dB) of all of ``model``'s outputs against the float
-        outputs over all samples (the ``sqnr`` metric): a continuous measure beside a metric with steps."""
+    def score_with_sqnr(self, model: ModelLike) -> tuple[float, float | None]:
+        """``score`` and, from the same run, the SQNR (dB) of ``model``'s floating-point outputs against the
+        float outputs over all samples (the ``sqnr`` metric): a continuous measure beside a metric with
+        steps; None when the model has no floating-point output."""
         sess = ort_session(model)
         outputs = [list(sess.run(None, dict(f))) for f in self.feeds]
+        score = self.score_outputs(outputs)
+        if not self.outputs or not any(np.asarray(x).dtype.kind == "f" for x in self.outputs[0]):
+            return score, None
         sqnr = Sqnr()
         for ref, out, feed in zip(self.outputs, outputs, self.feeds, strict=True):
             sqnr.update(ref, out, feed)
-        return self.score_outputs(outputs), float(sqnr.result())
+        return score, float(sqnr.result())
