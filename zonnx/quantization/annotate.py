@@ -29,6 +29,13 @@ Rules (per op type; a node is quantized only if its type is selected and it is n
 - A Conv input produced by a DequantizeLinear of constants is already quantized: it keeps that node's
   parameters (the bias uses them) and gets no new quantizer (ORT's rule).
 - Everything else stays float; the plan records why for each node.
+- With a target, the boundary into a node left float on purpose (``nodes_to_exclude``, a config's
+  ``exclude``, the budget search's float layers): an input it reads from an op the NPU runs but the
+  rules above leave unquantized (an activation the target fuses, such as dpu-b4096's HardSwish after its
+  convolution), fed by a quantized tensor, gets an activation quantizer. That is the NPU's int8 output
+  read by the CPU; without it the producer's whole group would have no quantized output and would run on
+  the CPU too (PP-OCRv4 rec for dpu-b4096: one offset Add left float took its convolution + hard-swish
+  group along).
 
 That is the "ort" placement. Under the "kernels" placement (``placement.py``) only the inputs that
 integer kernels consume are marked, each on its edge into that kernel, and no output is marked.
@@ -88,6 +95,8 @@ class AnnotateConfig:
     node_weight: Mapping[str, QuantSpec] = dataclasses.field(default_factory=dict)
     placement: str = "ort"
     qoperator: bool = False  # QOperator output: Pad is a latent op (ORT's QLinear registry)
+    #: with a target: the ONNX op types its NPU runs or fuses (the boundary rule above); empty without
+    npu_ops: frozenset[str] = frozenset()
 
 
 def _is_float(v: ir.Value | None) -> bool:
@@ -317,6 +326,24 @@ class _Annotator:
             self.plan.share(src.name, out.name)
         self.plan.quantized_nodes.append(node.name)
 
+    def quantize_npu_boundary(self, node: ir.Node) -> None:
+        """The boundary rule (module docstring) for the inputs of ``node``, a node left float."""
+        for v in node.inputs:
+            producer = v.producer() if v is not None else None
+            if (
+                producer is None
+                or not _is_float(v)
+                or v.name in self.plan.tensors
+                or producer.name not in self.plan.skipped
+                or producer.name in self.cfg.nodes_to_exclude
+                or producer.op_type not in self.cfg.npu_ops
+                or not producer.inputs
+                or producer.inputs[0] is None
+                or producer.inputs[0].name not in self.plan.tensors
+            ):
+                continue
+            self._act(producer, v)
+
     def _input_quantized(self, node: ir.Node, index: int) -> bool:
         v = node.inputs[index] if len(node.inputs) > index else None
         return self.cfg.force_quantize_no_input_check or (v is not None and v.name in self.plan.tensors)
@@ -387,4 +414,8 @@ def annotate(model: ir.Model, cfg: AnnotateConfig) -> QuantPlan:
     annotator = _Annotator(model, cfg)
     for node in model.graph:
         annotator.visit(node)
+    if cfg.npu_ops and cfg.placement == "ort":
+        for node in model.graph:
+            if node.name in cfg.nodes_to_exclude:
+                annotator.quantize_npu_boundary(node)
     return annotator.plan

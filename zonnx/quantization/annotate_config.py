@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-__all__ = ["annotate_config", "nodes_between"]
+__all__ = ["annotate_config", "nodes_between", "npu_op_types"]
 
 import dataclasses
 from collections.abc import Iterable
@@ -108,7 +108,18 @@ def annotate_config(model: ir.Model, cfg: QuantConfig) -> AnnotateConfig:
         and extra.activation_symmetric
         and not extra.target
         and not cfg.power_of_two,
+        npu_ops=npu_op_types(extra.target) if extra.target else frozenset(),
     )
+
+
+def npu_op_types(target_name: str) -> frozenset[str]:
+    """The ONNX op types ``target_name``'s NPU runs (its op table) or fuses into them (their activations)."""
+    from zonnx.backend.targets import load_target
+    from zonnx.quantization.refine.base import fused_activations
+
+    target = load_target(target_name)
+    ops = {op for row in target.ops.values() for op in row.onnx}
+    return frozenset(ops.union(*(fused_activations(target, op) for op in ops)))
 
 
 def nodes_between(model: ir.Model, input_nodes: Iterable[str], output_nodes: Iterable[str]) -> set[str]:
