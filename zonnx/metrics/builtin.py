@@ -5,16 +5,16 @@
 - ``sqnr``: ``10 log10(sum_s |x_s|^2 / sum_s |x_s - q_s|^2)`` dB over all floating-point outputs of all
   samples (+inf when the outputs are equal, -inf when the float outputs are all zero and the others are
   not).
-
-Both leave integer and boolean outputs out (an ArgMax index, a detection count, a mask): an index that
-moves by one is not a small error, so it would only distort a measure of closeness; bias correction's
-own output SQNR leaves them out the same way. A model with no floating-point output is refused by these
-two (score it with a metric plugin).
 - ``top1``: agreement of ``argmax`` over the last axis of the *first* output: the fraction of positions
   (batch rows, and every leading index) where ``argmax q == argmax x``. It measures agreement with
   the float model, not accuracy against labels (none are read).
 - ``top5``: the same positions; the fraction where float's ``argmax`` is among the other model's 5
   largest scores (ties broken by index, as ``argsort``; all classes count when there are fewer than 5).
+
+``cosine`` and ``sqnr`` leave integer and boolean outputs out (an ArgMax index, a detection count, a
+mask): an index that moves by one is not a small error, so it would only distort a measure of
+closeness; bias correction's own output SQNR leaves them out the same way. A model with no
+floating-point output is refused by these two (score it with a metric plugin).
 """
 
 from __future__ import annotations
