@@ -48,7 +48,7 @@ def run_budget_search(
     """Search, print every candidate and ``summary`` of the final model, write the model and its config
     file; exit 1 under ``strict`` when the budget is not met. ``executor`` runs calibration shards and
     sensitivity tasks (None: in process)."""
-    from zonnx.quantization.search.config_trial import sqnr_words
+    from zonnx.quantization.search.config_trial import sqnr_words, step_words
     from zonnx.quantization.search.run import quantize_with_budget, read_feeds
 
     if reader is None:
@@ -101,16 +101,16 @@ def run_budget_search(
         if trial is not None:
             console.print(
                 f"{what} {kept if trial.kept else dropped}: {metric} {trial.plain.score:.5f} -> "
-                f"{trial.changed.score:.5f} on the search samples{sqnr_words(trial)}"
-                f"{'; within one step, so by output SQNR' if trial.tied else ''} (written to {config_path})",
+                f"{trial.changed.score:.5f} on the search samples{sqnr_words(trial)}{step_words(trial)} "
+                f"(written to {config_path})",
                 markup=False,
             )
     ft = result.finetune
     if ft is not None:
         console.print(
             f"fast finetune {'added' if ft.kept else 'tried, not kept'} on the choice: {metric} "
-            f"{ft.plain.score:.5f} -> {ft.changed.score:.5f} on every evaluation sample"
-            f"{' (a gain within one step of the metric does not keep it)' if ft.within_step else ''}; {ft.summary}",
+            f"{ft.plain.score:.5f} -> {ft.changed.score:.5f} on every evaluation sample{step_words(ft)}; "
+            f"{ft.summary}",
             markup=False,
         )
     console.print(table)

@@ -29,6 +29,7 @@ __all__ = [
     "log_trial",
     "trial_note",
     "sqnr_words",
+    "step_words",
 ]
 
 import dataclasses
@@ -160,14 +161,17 @@ def trial_note(
     if trial is None:
         return ""
     verb = kept if trial.kept else dropped
-    tie = (
-        "; within one step, so by output SQNR"
-        if getattr(trial, "tied", False)
-        else "; a gain within one step does not keep it"
-        if getattr(trial, "within_step", False)
-        else ""
-    )
     return (
         f"; {what} {verb} ({trial.plain.score:.{digits}f} -> {trial.changed.score:.{digits}f}"
-        f"{sqnr_words(trial)}{tie})"
+        f"{sqnr_words(trial)}{step_words(trial)})"
     )
+
+
+def step_words(trial: Any) -> str:
+    """The words on a verdict the metric's step decided: a configuration trial's tie settled by output
+    SQNR, or fast finetune's gain too small to keep; "" otherwise."""
+    if getattr(trial, "tied", False):
+        return "; within one step, so by output SQNR"
+    if getattr(trial, "within_step", False):
+        return "; a gain within one step does not keep it"
+    return ""
