@@ -243,6 +243,8 @@ def _one_target(
     )
     if result.resolution is not None:
         note += f" (one character {100 * result.resolution:.2f} points there)"
+    for within in result.within_noise:  # a miss that scored higher, not taken (search/noise.py)
+        note += f"; {within}"
     if result.ranges is not None:
         r = result.ranges
         note += (

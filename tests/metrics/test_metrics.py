@@ -306,3 +306,38 @@ def test_plugin_resolution_is_checked_and_named(tmp_path: Path, digits) -> None:
     raising = _plugin(tmp_path, body.format(value="1 / 0"), "raising.py")
     with pytest.raises(MetricError, match=r"raising.py:7: resolution\(\) raised ZeroDivisionError"):
         FloatReference(digits["float"], digits["feeds"], f"{raising}:Steps").self_score()[1]
+
+
+def test_an_error_metric_is_refused_where_scores_are_read_as_higher_is_better(tmp_path: Path, digits) -> None:
+    """The accuracy search and triage compare scores to a threshold below float's: a plugin whose lower
+    values are better would meet any budget at once, so both refuse it in one line naming the metric."""
+    from tests.helpers import run_cli
+    from zonnx.quantization.triage import triage
+
+    path = _plugin(
+        tmp_path,
+        "import numpy as np\n"
+        "class MaxAbs:\n"
+        "    higher_is_better = False\n"
+        "    def __init__(self):\n"
+        "        self.worst = 0.0\n"
+        "    def update(self, float_outputs, quant_outputs, feed):\n"
+        "        self.worst = max(self.worst, float(np.abs(float_outputs[0] - quant_outputs[0]).max()))\n"
+        "    def result(self):\n"
+        "        return self.worst\n",
+    )
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, input=np.concatenate([f["input"] for f in digits["feeds"]]))
+    out = tmp_path / "s.onnx"
+    proc = run_cli(
+        "quantize", digits["float"], str(out), "--calib", str(calib), "--accuracy-budget", "0.5",
+        "--metric", f"{path}:MaxAbs",
+    )  # fmt: skip
+    assert proc.returncode != 0 and not out.exists()
+    lines = proc.stderr.strip().splitlines()  # the held-out split is said first, then the one error line
+    assert "Traceback" not in proc.stderr and "lower is better" in lines[-1] and "MaxAbs" in lines[-1]
+    assert not any("lower is better" in line for line in lines[:-1])
+    import onnx
+
+    with pytest.raises(MetricError, match="lower is better.*triage"):
+        triage(digits["float"], onnx.load(digits["quant"]), digits["feeds"][:2], metric=f"{path}:MaxAbs")

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from zonnx.errors import OptionError, VerificationError, first_line
+from zonnx.errors import MetricError, OptionError, VerificationError, first_line
 from zonnx.ir.io import ModelLike, to_proto
 from zonnx.metrics.builtin import Sqnr
 from zonnx.metrics.plugins import guard, load_metric
-from zonnx.metrics.protocol import Metric, as_number, resolution_of
+from zonnx.metrics.protocol import Metric, as_number, higher_is_better, resolution_of
 from zonnx.verify import ort_session
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,32 @@ class FloatReference:
         sess = ort_session(float_model)
         self.outputs = [list(sess.run(None, f)) for f in self.feeds]
 
+    def require_higher_is_better(self, what: str) -> None:
+        """Refuse a metric whose lower values are better: ``what`` (a search or triage against a threshold
+        below float's score) reads every score as higher-is-better."""
+        metric = guard(load_metric(self.metric_spec, self.model_path))
+        if not higher_is_better(metric):
+            raise MetricError(
+                f"metric {self.metric_spec!r}: lower is better (higher_is_better = False), but {what} counts "
+                "scores below float's as losses; give a metric where higher is better (for an error, "
+                "return its negative)."
+            )
+
+    def subset(self, indices: Iterable[int]) -> FloatReference:
+        """The same reference on the samples at ``indices`` (in that order), the float outputs shared,
+        nothing run again."""
+        part = object.__new__(FloatReference)
+        part.metric_spec, part.model_path = self.metric_spec, self.model_path
+        chosen = list(indices)
+        part.feeds = [self.feeds[i] for i in chosen]
+        part.outputs = [self.outputs[i] for i in chosen]
+        return part
+
+    def run(self, model: ModelLike) -> list[list[np.ndarray]]:
+        """``model``'s outputs on the samples (graph optimizations off, exact integer form), one list each."""
+        sess = ort_session(model)
+        return [list(sess.run(None, dict(f))) for f in self.feeds]
+
     def _fed(self, outputs: Iterable[list[np.ndarray]]) -> Metric:
         """A fresh metric fed ``outputs`` (one list per sample, in order) against the float outputs."""
         metric = guard(load_metric(self.metric_spec, self.model_path))
@@ -142,8 +168,10 @@ class FloatReference:
         """``score`` and, from the same run, the SQNR (dB) of ``model``'s floating-point outputs against the
         float outputs over all samples (the ``sqnr`` metric): a continuous measure beside a metric with
         steps; None when the model has no floating-point output."""
-        sess = ort_session(model)
-        outputs = [list(sess.run(None, dict(f))) for f in self.feeds]
+        return self.score_outputs_with_sqnr(self.run(model))
+
+    def score_outputs_with_sqnr(self, outputs: list[list[np.ndarray]]) -> tuple[float, float | None]:
+        """``score_with_sqnr`` of outputs already computed (one list per sample, in order)."""
         score = self.score_outputs(outputs)
         if not self.outputs or not any(np.asarray(x).dtype.kind == "f" for x in self.outputs[0]):
             return score, None

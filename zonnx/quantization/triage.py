@@ -194,6 +194,7 @@ def triage(
     reference = FloatReference(
         float_model, feeds, metric, float_model if isinstance(float_model, str) else None
     )
+    reference.require_higher_is_better("triage's tolerance")
     runs = 0
 
     def score(model: onnx.ModelProto) -> float:

@@ -50,15 +50,18 @@ class Candidate:
     output_sqnr: float | None = None
     #: for a target: the nodes the partitioner leaves on the CPU (not written to the table)
     off_npu: frozenset[str] | None = dataclasses.field(default=None, repr=False)
+    #: its outputs on the samples it was scored on, while the search compares it (``score(keep_outputs=)``)
+    outputs: list[list[np.ndarray]] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def raised(self) -> int:
         return len(self.overrides)
 
     def as_dict(self) -> dict[str, Any]:
-        """The candidate as JSON-ready data (without ``off_npu``)."""
-        out = dataclasses.asdict(self)
-        out.pop("off_npu")
+        """The candidate as JSON-ready data (without ``off_npu`` and ``outputs``)."""
+        skipped = ("off_npu", "outputs")
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skipped}
+        out["overrides"] = dict(self.overrides)
         return out
 
 
@@ -135,6 +138,7 @@ class CandidateScorer:
         if search_samples is not None and search_samples < 1:
             raise OptionError(f"search_samples={search_samples}: score candidates on at least 1 sample.")
         self.full = FloatReference(self.float_model, feeds, metric, self.float_model)
+        self.full.require_higher_is_better("the accuracy budget search")
         self.reference = self.full
         if search_samples is not None and search_samples < len(self.full.feeds):
             self.reference = FloatReference(
@@ -163,12 +167,17 @@ class CandidateScorer:
         """True when candidates are scored on fewer samples than the full evaluation set."""
         return self.reference is not self.full
 
-    def score(self, overrides: Mapping[str, str], *, full: bool = False) -> Candidate:
+    def score(
+        self, overrides: Mapping[str, str], *, full: bool = False, keep_outputs: bool = False
+    ) -> Candidate:
         """Quantize, run and score one candidate (on every evaluation sample with ``full``, else on the
-        search samples); the NPU share when the base config has a target."""
+        search samples); the NPU share when the base config has a target; with ``keep_outputs`` the
+        candidate holds its outputs (``Candidate.outputs``) for a comparison beyond noise."""
         start = time.perf_counter()
         model = self.quantize(overrides)
-        score, sqnr = (self.full if full else self.reference).score_with_sqnr(model)
+        reference = self.full if full else self.reference
+        outputs = reference.run(model)
+        score, sqnr = reference.score_outputs_with_sqnr(outputs)
         target = self.base.extra.target
         part = npu_partition(model, target, self.input_shapes) if target else None
         return Candidate(
@@ -179,4 +188,13 @@ class CandidateScorer:
             full,
             sqnr,
             frozenset(part.cpu_nodes) if part is not None else None,
+            outputs if keep_outputs else None,
         )
+
+    def search_outputs(self, candidate: Candidate) -> list[list[np.ndarray]]:
+        """``candidate``'s outputs on the search samples: those it kept (the first of them when it was
+        scored on every sample), else its model quantized and run again (then kept on the candidate)."""
+        count = len(self.reference.feeds)
+        if candidate.outputs is None or len(candidate.outputs) < count:
+            candidate.outputs = self.reference.run(self.quantize(candidate.overrides))
+        return candidate.outputs[:count]
